@@ -1,0 +1,437 @@
+"""Advantage estimators: pure functions from rewards (and values) to ``[B, T]`` advantages.
+
+Conventions (DESIGN.md section 3): ``scores: [B]`` are sequence rewards, ``mask: [B, T]``
+the response mask, ``group_ids: [B]`` int in ``[0, num_groups)`` marks the samples of one
+prompt (any order), ``num_groups`` is a static Python int. ``valid: [B]`` (optional)
+excludes padding rows from every statistic; their advantages are 0. Outcome advantages are
+broadcast over the response tokens (``A[i, t] = A_i * mask[i, t]``). Inputs in bf16 are
+computed in float32; outputs are float32. Nothing here carries a gradient (rewards are data).
+
+Parity: each estimator that verl 0.9.1 registers (``verl.trainer.ppo.core_algos``) computes
+the same numbers; ``tests/conformance`` checks it. Deliberate differences are listed in each
+docstring (mostly: verl raises on degenerate inputs where we return a defined value, and
+verl leaves whitened values at masked positions where we return zeros).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.stats as jstats
+
+from jaxrl_llm.core import _checks
+from jaxrl_llm.core.stats import group_stats, group_sum, masked_whiten, safe_divide, _check_concrete_ids
+
+__all__ = [
+    "gae_advantages",
+    "grpo_advantages",
+    "dr_grpo_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "remax_advantages",
+    "opo_advantages",
+    "grpo_passk_advantages",
+    "gdpo_advantages",
+    "gpg_advantages",
+    "lite_ppo_advantages",
+    "bnpo_advantages",
+    "ngrpo_advantages",
+]
+
+
+def _prep_outcome(scores, mask, group_ids=None, num_groups=None, valid=None):
+    b, _ = _checks.check_token_args(mask=mask)
+    _checks.check_seq_args(b, scores=scores, valid=valid)
+    _checks.check_float("scores", scores)
+    if group_ids is not None:
+        _checks.check_groups(group_ids, num_groups, b)
+        _check_concrete_ids(group_ids, num_groups)
+    s = _checks.as_float(scores)
+    m = _checks.as_mask(mask, s.dtype)
+    v = jnp.ones_like(s) if valid is None else _checks.as_mask(valid, s.dtype)
+    return s, m, v
+
+
+def _broadcast(adv_seq, mask, valid):
+    return jax.lax.stop_gradient(jnp.where(valid > 0, adv_seq, 0.0)[:, None] * mask)
+
+
+def _reverse_masked_scan(step, init, xs):
+    """Scan over the time axis from the end; xs are ``[B, T]`` arrays."""
+    xs_t = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1)[::-1], xs)
+    carry, ys = jax.lax.scan(step, init, xs_t)
+    return jnp.swapaxes(ys[::-1], 0, 1)
+
+
+def gae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.ndarray,
+                   gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+                   ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Generalised Advantage Estimation with returns (PPO critic targets).
+
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = delta_t + gamma lam A_{t+1}``, computed
+    backwards; positions with ``mask = 0`` (e.g. observation tokens of a multi-turn episode)
+    are skipped: they neither produce a TD error nor break the recursion, exactly as in
+    verl's ``compute_gae_advantage_return``. ``returns = A + V`` (before whitening); the
+    advantages are then whitened over the masked tokens of the batch (unbiased variance).
+
+    Paper: Schulman et al., "High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", arXiv:1506.02438.
+
+    Args:
+      token_rewards: ``[B, T]`` per-token rewards (outcome reward on the last token, KL-in-
+        reward terms elsewhere).
+      values: ``[B, T]`` critic values of the old policy.
+      mask: ``[B, T]`` response mask.
+      gamma, lam: discount and GAE lambda (verl defaults 1.0, 1.0).
+      whiten: whiten advantages over the batch (verl always does).
+
+    Returns:
+      ``(advantages [B, T], returns [B, T])``, zero outside the mask (verl leaves whitened
+      values there; they are never used).
+    """
+    _checks.check_token_args(token_rewards=token_rewards, values=values, mask=mask)
+    r = _checks.as_float(token_rewards)
+    v = _checks.as_float(values)
+    m = _checks.as_mask(mask, r.dtype)
+
+    def step(carry, x):
+        next_v, last_gae = carry
+        r_t, v_t, m_t = x
+        delta = r_t + gamma * next_v - v_t
+        gae = delta + gamma * lam * last_gae
+        next_v = v_t * m_t + (1.0 - m_t) * next_v
+        last_gae = gae * m_t + (1.0 - m_t) * last_gae
+        return (next_v, last_gae), last_gae
+
+    zeros = jnp.zeros(r.shape[0], r.dtype)
+    adv = _reverse_masked_scan(step, (zeros, zeros), (r, v, m))
+    returns = adv + v
+    if whiten:
+        adv = masked_whiten(adv, m)
+    return jax.lax.stop_gradient(adv * m), jax.lax.stop_gradient(returns * m)
+
+
+def grpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                    num_groups: int, *, scale_by_std: bool = True, epsilon: float = 1e-6,
+                    unbiased_std: bool = True, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """GRPO group-normalised outcome advantage.
+
+    ``A_i = (r_i - mean_g r) / (std_g r + epsilon)``; without ``scale_by_std`` it is
+    ``r_i - mean_g r`` (Dr.GRPO). ``std`` is unbiased (``torch.std``) as in verl; TRL uses the
+    same. A group with one sample gets mean 0 and std 1 (verl's convention), i.e. its raw score.
+
+    Paper: Shao et al., "DeepSeekMath", arXiv:2402.03300 (GRPO); Liu et al., "Understanding
+    R1-Zero-Like Training", arXiv:2503.20783 (Dr.GRPO).
+
+    Args:
+      scores: ``[B]`` sequence rewards. mask: ``[B, T]``. group_ids: ``[B]`` int.
+      num_groups: static bound on group ids. epsilon: verl default 1e-6.
+      valid: optional ``[B]`` row mask (padding rows excluded, advantage 0).
+
+    Returns:
+      ``[B, T]`` advantages.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    st = group_stats(s, group_ids, num_groups, v, unbiased=unbiased_std)
+    single = st.count <= 1
+    mean = jnp.where(single, 0.0, st.mean)
+    std = jnp.where(single, 1.0, st.std)
+    adv = (s - mean) / (std + epsilon) if scale_by_std else s - mean
+    return _broadcast(adv, m, v)
+
+
+def dr_grpo_advantages(scores, mask, group_ids, num_groups, *, valid=None) -> jnp.ndarray:
+    """Dr.GRPO advantage ``A_i = r_i - mean_g r`` (no std division), arXiv:2503.20783.
+
+    Use it with ``seq-mean-token-sum-norm`` aggregation and a constant horizon.
+    """
+    return grpo_advantages(scores, mask, group_ids, num_groups, scale_by_std=False, valid=valid)
+
+
+def rloo_advantages(scores, mask, group_ids, num_groups, *, valid=None,
+                    singleton: str = "score") -> jnp.ndarray:
+    """REINFORCE Leave-One-Out: ``A_i = r_i - mean_{j != i, j in g} r_j = G/(G-1) (r_i - mean_g r)``.
+
+    Paper: Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs", arXiv:2402.14740.
+
+    ``singleton`` sets the advantage of a one-sample group, where no baseline exists:
+    ``"score"`` keeps the raw score (verl's ``rloo``), ``"zero"`` gives 0 (verl's
+    ``rloo_vectorized``); the two verl implementations disagree here.
+    """
+    _checks.check_choice("singleton", singleton, ("score", "zero"))
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    st = group_stats(s, group_ids, num_groups, v)
+    c = st.count
+    loo = safe_divide(c * s - c * st.mean, c - 1.0)
+    single_val = s if singleton == "score" else jnp.zeros_like(s)
+    adv = jnp.where(c > 1, loo, single_val)
+    return _broadcast(adv, m, v)
+
+
+def reinforce_pp_advantages(token_rewards: jnp.ndarray, mask: jnp.ndarray, gamma: float = 1.0
+                            ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """REINFORCE++: discounted token returns, whitened over the batch (global normalisation).
+
+    ``G_t = r_t + gamma G_{t+1}`` over response tokens (masked positions carry the running
+    return through unchanged), ``A = whiten(G)`` over all masked tokens of the batch.
+
+    Paper: Hu, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+    Models", arXiv:2501.03262. KL is usually folded into ``token_rewards``
+    (see :func:`jaxrl_llm.core.kl.kl_in_reward`).
+
+    Returns:
+      ``(advantages [B, T], returns [B, T])``.
+    """
+    _checks.check_token_args(token_rewards=token_rewards, mask=mask)
+    r = _checks.as_float(token_rewards)
+    m = _checks.as_mask(mask, r.dtype)
+
+    def step(run, x):
+        r_t, m_t = x
+        new = r_t + gamma * run
+        out = new * m_t
+        run = new * m_t + run * (1.0 - m_t)
+        return run, out
+
+    returns = _reverse_masked_scan(step, jnp.zeros(r.shape[0], r.dtype), (r, m))
+    adv = masked_whiten(returns, m) * m
+    return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(returns)
+
+
+def reinforce_pp_baseline_advantages(scores, mask, group_ids, num_groups, *, valid=None
+                                     ) -> jnp.ndarray:
+    """REINFORCE++-baseline: subtract the group mean, then whiten over all batch tokens.
+
+    ``A_i = r_i - mean_g r`` broadcast to tokens, then ``whiten`` over the masked tokens of
+    the batch (unbiased variance, eps 1e-8 inside the root). Singleton groups keep the raw
+    score before whitening (verl). Paper: arXiv:2501.03262.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    st = group_stats(s, group_ids, num_groups, v)
+    adv = jnp.where(st.count > 1, s - st.mean, s)
+    tok = _broadcast(adv, m, v)
+    mm = m * v[:, None]
+    return jax.lax.stop_gradient(masked_whiten(tok, mm) * mm)
+
+
+def remax_advantages(token_rewards: jnp.ndarray, baseline_scores: jnp.ndarray, mask: jnp.ndarray
+                     ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ReMax: reward-to-go minus the reward of the greedy response.
+
+    ``G_t = sum_{t' >= t} m r_{t'}``, ``A_t = G_t - b``, with ``b`` the reward of the greedy
+    (argmax-decoded) response to the same prompt. No critic and no group needed.
+
+    Paper: Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method
+    for Aligning Large Language Models", arXiv:2310.10505.
+
+    Args:
+      token_rewards: ``[B, T]``. baseline_scores: ``[B]`` greedy rewards. mask: ``[B, T]``.
+
+    Returns:
+      ``(advantages, returns)``, ``[B, T]`` each, zero outside the mask.
+    """
+    b, _ = _checks.check_token_args(token_rewards=token_rewards, mask=mask)
+    _checks.check_seq_args(b, baseline_scores=baseline_scores)
+    r = _checks.as_float(token_rewards)
+    m = _checks.as_mask(mask, r.dtype)
+    base = _checks.as_float(baseline_scores)
+    returns = jnp.flip(jnp.cumsum(jnp.flip(r * m, -1), -1), -1)
+    adv = (returns - base[:, None]) * m
+    return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(returns * m)
+
+
+def opo_advantages(scores, mask, group_ids, num_groups, *, valid=None) -> jnp.ndarray:
+    """OPO: on-policy RL with the optimal (length-weighted) group baseline.
+
+    ``b_g = sum_{i in g} |o_i| r_i / sum_{i in g} |o_i|``, ``A_i = r_i - b_g``; singleton
+    groups get baseline 0 (verl).
+
+    Paper: Hao et al., "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    lens = jnp.sum(m, -1) * v
+    cnt = group_sum(v, group_ids, num_groups)
+    bsl = safe_divide(group_sum(lens * s, group_ids, num_groups), group_sum(lens, group_ids, num_groups))
+    bsl = jnp.where(cnt > 1, bsl, 0.0)[group_ids]
+    return _broadcast(s - bsl, m, v)
+
+
+def grpo_passk_advantages(scores, mask, group_ids, num_groups, *, scale_by_std: bool = True,
+                          epsilon: float = 1e-6, valid=None) -> jnp.ndarray:
+    """Pass@k advantage: only the best sample of a group learns, by ``r_max - r_second``.
+
+    ``A_{argmax} = (r_max - r_2nd) / (std_g r + epsilon)`` (or without the std), every other
+    sample 0. Ties at the top give 0 (whichever sample is chosen). Groups of one sample get 0
+    (verl raises instead).
+
+    Paper: Chen et al., "Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation", as implemented in verl (``grpo_passk``; cites arXiv:2503.19595).
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    b = s.shape[0]
+    neg = jnp.full_like(s, -jnp.inf)
+    vs = jnp.where(v > 0, s, neg)
+    gmax = jax.ops.segment_max(vs, group_ids, num_segments=num_groups)
+    is_max = (v > 0) & (s == gmax[group_ids])
+    idx = jnp.arange(b)
+    first = jax.ops.segment_min(jnp.where(is_max, idx, b), group_ids, num_segments=num_groups)
+    chosen = idx == first[group_ids]
+    second = jax.ops.segment_max(jnp.where(chosen, neg, vs), group_ids, num_segments=num_groups)
+    gap = jnp.where(jnp.isfinite(second), gmax - second, 0.0)[group_ids]
+    if scale_by_std:
+        st = group_stats(s, group_ids, num_groups, v)
+        gap = gap / (st.std + epsilon)
+    return _broadcast(jnp.where(chosen, gap, 0.0), m, v)
+
+
+def gdpo_advantages(component_scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                    num_groups: int, *, weights: jnp.ndarray | None = None,
+                    scale_by_std: bool = True, epsilon: float = 1e-6, valid=None) -> jnp.ndarray:
+    """GDPO: group-normalise each reward component separately, sum with weights, whiten.
+
+    ``A = whiten_batch( sum_k w_k GRPO(r_k) )`` over the masked tokens. Decoupling stops one
+    dominant reward (e.g. accuracy) from drowning a weaker one (e.g. format).
+
+    Paper: "GDPO: Group reward-Decoupled Normalization Policy Optimization",
+    arXiv:2601.05242 (as in verl's ``gdpo``).
+
+    Args:
+      component_scores: ``[B, K]`` per-component rewards. weights: ``[K]`` (default ones).
+    """
+    _checks.check_rank("component_scores", component_scores, 2)
+    b, t = _checks.check_token_args(mask=mask)
+    if component_scores.shape[0] != b:
+        raise ValueError(f"argument 'component_scores' must have shape ({b}, K), got {component_scores.shape}")
+    k = component_scores.shape[1]
+    w = jnp.ones((k,), jnp.float32) if weights is None else _checks.as_float(weights)
+    if w.shape != (k,):
+        raise ValueError(f"argument 'weights' must have shape ({k},), got {w.shape}")
+    cs = _checks.as_float(component_scores)
+    total = jnp.zeros((b, t), jnp.float32)
+    for j in range(k):
+        total = total + w[j] * grpo_advantages(cs[:, j], mask, group_ids, num_groups,
+                                               scale_by_std=scale_by_std, epsilon=epsilon, valid=valid)
+    m = _checks.as_mask(mask) * (1.0 if valid is None else _checks.as_mask(valid)[:, None])
+    return jax.lax.stop_gradient(masked_whiten(total, m) * m)
+
+
+def gpg_advantages(scores, mask, group_ids, num_groups, *, f_norm: float = 1.0, valid=None
+                   ) -> jnp.ndarray:
+    """GPG advantage: group-mean baseline rescaled by the batch's share of nonzero rewards.
+
+    ``A_i = alpha (r_i - mean_g r) / F_norm`` with ``alpha = B / max(#{i: r_i != 0}, 1)``
+    (the count is over valid rows). Paper: Chu et al., "GPG: A Simple and Strong
+    Reinforcement Learning Baseline for Model Reasoning", arXiv:2504.02546. verl's ``gpg``.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    n = jnp.sum(v)
+    nz = jnp.sum(jnp.where((s != 0) & (v > 0), 1.0, 0.0))
+    alpha = n / jnp.maximum(nz, 1.0)
+    st = group_stats(s, group_ids, num_groups, v)
+    mean = jnp.where(st.count > 1, st.mean, 0.0)
+    return _broadcast(alpha * (s - mean) / f_norm, m, v)
+
+
+def lite_ppo_advantages(scores, mask, group_ids, num_groups, *, epsilon: float = 1e-6,
+                        unbiased_std: bool = True, valid=None) -> jnp.ndarray:
+    """Lite PPO: group-level mean, batch-level standard deviation.
+
+    ``A_i = (r_i - mean_g r) / (std_batch r + epsilon)``. Use with ``token-mean``
+    aggregation and plain PPO clipping (the paper's recipe).
+
+    Paper: Liu et al., "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
+    arXiv:2508.08221. Our choice where the paper is silent: the batch std is taken over the
+    raw scores of the valid rows, unbiased by default.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    st = group_stats(s, group_ids, num_groups, v)
+    n = jnp.sum(v)
+    mu = safe_divide(jnp.sum(s * v), n)
+    den = jnp.maximum(n - 1.0, 1.0) if unbiased_std else jnp.maximum(n, 1.0)
+    std = jnp.sqrt(jnp.sum(jnp.square(s - mu) * v) / den)
+    return _broadcast((s - st.mean) / (std + epsilon), m, v)
+
+
+def _bnpo_single(r, group_ids, num_groups, v, r_min, r_max, alpha, beta, max_weight):
+    rt = (r - r_min) / (r_max - r_min)
+    cnt = group_sum(v, group_ids, num_groups)
+    p_g = safe_divide(group_sum(rt * v, group_ids, num_groups), cnt)
+    p_g = jnp.where(cnt > 1, p_g, 0.0)
+    present = (cnt > 0).astype(r.dtype)
+    nq = jnp.sum(present)
+    mu = safe_divide(jnp.sum(p_g * present), nq)
+    var = safe_divide(jnp.sum(jnp.square(p_g - mu) * present), jnp.maximum(nq - 1.0, 0.0))
+    ok = (var > 0) & (nq > 1)
+    k = jnp.where(ok, mu * (1.0 - mu) / jnp.where(ok, var, 1.0) - 1.0, 0.0)
+    a_fit = jnp.maximum(1.0, 1.0 + k * mu / 3.0)
+    b_fit = jnp.maximum(1.0, 1.0 + k * (1.0 - mu) / 3.0)
+    a = a_fit if alpha is None else jnp.asarray(alpha, r.dtype)
+    b = b_fit if beta is None else jnp.asarray(beta, r.dtype)
+    p = p_g[group_ids]
+    pdf = jstats.beta.pdf(p, a, b)
+    weight = jnp.minimum(max_weight, 1.0 / jnp.maximum(pdf, 1.0 / max_weight))
+    return (rt - p) * weight, a, b
+
+
+def bnpo_advantages(scores, mask, group_ids, num_groups, *, r_min=0.0, r_max=1.0,
+                    alpha: float | None = None, beta: float | None = None,
+                    max_weight: float = 1e6, valid=None) -> jnp.ndarray:
+    """BNPO: Beta-normalised advantage with adaptive (alpha, beta) and reward decomposition.
+
+    Rewards are mapped to ``[0, 1]``: ``r~ = (r - r_min)/(r_max - r_min)``; ``p_q`` is the
+    group mean of ``r~`` (0 for a one-sample group). Over the prompts of the batch,
+    ``mu, sigma^2`` (unbiased) of ``p_q`` give a method-of-moments Beta fit
+    ``a = (mu(1-mu)/sigma^2 - 1) mu``, ``b = (mu(1-mu)/sigma^2 - 1)(1 - mu)``;
+    ``alpha = max(1, 1 + a/3)``, ``beta = max(1, 1 + b/3)``. Then
+    ``A_i = (r~_i - p_q) * min(max_weight, 1 / BetaPDF(p_q; alpha, beta))``.
+    With ``scores: [B, K]`` the K reward components are normalised separately and their
+    advantages averaged ("advantage decomposition").
+
+    Identities (tested): alpha = beta = 1 is REINFORCE with a group-mean baseline;
+    alpha = beta = 3/2 gives ``(pi/8) (r - p)/sqrt(p(1-p))``, GRPO with population std up to
+    the constant pi/8, for binary rewards.
+
+    Paper: Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv:2506.02864
+    (formula from the authors' code). Our choices: if the batch variance of ``p_q`` is 0 or
+    there is one prompt, the fit falls back to alpha = beta = 1; ``alpha``/``beta`` may be
+    fixed by the caller.
+    """
+    r = _checks.as_float(scores)
+    if r.ndim == 2:
+        b = r.shape[0]
+        _checks.check_token_args(mask=mask)
+        comps = [r[:, j] for j in range(r.shape[1])]
+    else:
+        comps = [r]
+    s0, m, v = _prep_outcome(comps[0], mask, group_ids, num_groups, valid)
+    k = len(comps)
+    r_min = jnp.broadcast_to(jnp.asarray(r_min, jnp.float32), (k,))
+    r_max = jnp.broadcast_to(jnp.asarray(r_max, jnp.float32), (k,))
+    adv = jnp.zeros_like(s0)
+    for j, c in enumerate(comps):
+        a_j, _, _ = _bnpo_single(c, group_ids, num_groups, v, r_min[j], r_max[j], alpha, beta, max_weight)
+        adv = adv + a_j / k
+    return _broadcast(adv, m, v)
+
+
+def ngrpo_advantages(scores, mask, group_ids, num_groups, *, r_max: float = 1.0,
+                     epsilon: float = 1e-6, valid=None) -> jnp.ndarray:
+    """NGRPO: GRPO statistics with one virtual maximum-reward sample per group.
+
+    ``mu' = mean(r_1..r_G, r_max)``, ``sigma' = std_unbiased(r_1..r_G, r_max)``,
+    ``A_i = (r_i - mu') / (sigma' + epsilon)``. An all-wrong group (binary rewards) gets
+    ``-1/sqrt(G+1)`` instead of 0; an all-correct group still gets 0.
+
+    Paper: "NGRPO: Negative-enhanced Group Relative Policy Optimization", arXiv:2509.18851
+    (from the authors' ``compute_ngrpo_outcome_advantage``). Pair it with asymmetric clipping
+    (eps_low 0.16, eps_high 0.24) and ``token-mean`` as in the paper's script.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    cnt = group_sum(v, group_ids, num_groups) + 1.0
+    mean = (group_sum(s * v, group_ids, num_groups) + r_max) / cnt
+    dev = jnp.where(v > 0, s - mean[group_ids], 0.0)
+    ss = group_sum(jnp.square(dev), group_ids, num_groups) + jnp.square(r_max - mean)
+    std = jnp.sqrt(ss / jnp.maximum(cnt - 1.0, 1.0))
+    return _broadcast((s - mean[group_ids]) / (std[group_ids] + epsilon), m, v)

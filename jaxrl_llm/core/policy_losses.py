@@ -1,0 +1,536 @@
+"""Policy losses: per-token surrogate losses for policy-gradient updates.
+
+Every function takes ``[B, T]`` float arrays ``logp`` (current policy, carries the
+gradient), ``old_logp`` (behaviour policy), ``advantages`` and a ``mask``, and returns
+``(loss [B, T], metrics)``: the per-token loss to *minimise* (zero outside the mask) and a
+flat dict of scalar diagnostics (clip fractions, approx KL ``E[old - logp]``, ratio stats).
+Reduce the loss with :func:`jaxrl_llm.core.aggregation.aggregate` (or its ``(sum, weight)``
+form for exact micro-batching); each docstring names the aggregation its paper uses.
+
+Parity: for every policy loss verl 0.9.1 registers (vanilla, dppo_tv, dppo_kl, gspo, sapo,
+gpg, clip_cov, kl_cov, geo_mean, dro, cispo, bypass_mode = ppo/reinforce with rollout
+correction) the aggregated value and its gradient with respect to ``logp`` equal verl's;
+``tests/conformance/test_verl_policy_losses.py`` checks this on random ragged inputs.
+
+``is_weights`` (optional ``[B, T]``, no gradient) multiplies the per-token loss: use it for
+truncated importance sampling / IcePop against sampler-trainer mismatch
+(:func:`rollout_is_weights`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core import _checks
+from jaxrl_llm.core.stats import masked_mean, masked_sum, safe_divide
+
+__all__ = [
+    "ppo_clip_loss",
+    "gppo_loss",
+    "gspo_loss",
+    "cispo_loss",
+    "sapo_loss",
+    "gpg_loss",
+    "reinforce_loss",
+    "clip_cov_loss",
+    "kl_cov_loss",
+    "gmpo_loss",
+    "dro_loss",
+    "dppo_tv_loss",
+    "dppo_kl_loss",
+    "rollout_is_weights",
+    "rollout_rejection_mask",
+    "ratio_metrics",
+]
+
+sg = jax.lax.stop_gradient
+_LOG_RATIO_CLAMP = 20.0
+
+
+def _prep(logp, old_logp, advantages, mask, is_weights=None):
+    _checks.check_token_args(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                             is_weights=is_weights)
+    lp = _checks.as_float(logp)
+    olp = sg(_checks.as_float(old_logp))
+    adv = sg(_checks.as_float(advantages))
+    m = _checks.as_mask(mask, lp.dtype)
+    return lp, olp, adv, m
+
+
+def _finish(loss, m, is_weights):
+    if is_weights is not None:
+        loss = loss * sg(_checks.as_float(is_weights))
+    return jnp.where(m > 0, loss, 0.0)
+
+
+def ratio_metrics(log_ratio: jnp.ndarray, mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
+    """Diagnostics of ``log_ratio = logp - old_logp``: approx KL ``E[-log_ratio]`` (verl's
+    ``ppo_kl``), low-variance KL ``E[r - 1 - log r]``, ratio mean / max / min over the mask."""
+    lr = sg(_checks.as_float(log_ratio))
+    m = _checks.as_mask(mask, lr.dtype)
+    lr_c = jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    r = jnp.exp(lr_c)
+    big = jnp.finfo(r.dtype).max
+    return {
+        "approx_kl": masked_mean(-lr, m),
+        "approx_kl_k3": masked_mean(r - 1.0 - lr_c, m),
+        "ratio_mean": masked_mean(r, m),
+        "ratio_max": jnp.where(jnp.sum(m) > 0, jnp.max(jnp.where(m > 0, r, -big)), 1.0),
+        "ratio_min": jnp.where(jnp.sum(m) > 0, jnp.min(jnp.where(m > 0, r, big)), 1.0),
+    }
+
+
+def _clipped_surrogate(ratio, ratio_for_clip, adv, m, clip_low, clip_high, dual_clip):
+    pl1 = -adv * ratio
+    pl2 = -adv * ratio_for_clip
+    clip1 = jnp.maximum(pl1, pl2)
+    metrics = {"clip_frac": masked_mean((pl2 > pl1).astype(ratio.dtype), m)}
+    if dual_clip is not None:
+        pl3 = -adv * dual_clip
+        clip2 = jnp.minimum(pl3, clip1)
+        metrics["clip_frac_lower"] = masked_mean(((clip1 > pl3) & (adv < 0)).astype(ratio.dtype), m)
+        loss = jnp.where(adv < 0, clip2, clip1)
+    else:
+        metrics["clip_frac_lower"] = jnp.zeros((), ratio.dtype)
+        loss = clip1
+    return loss, metrics
+
+
+def _check_clip(clip_low, clip_high, dual_clip=None):
+    _checks.check_positive("clip_low", clip_low, allow_zero=True)
+    _checks.check_positive("clip_high", clip_high, allow_zero=True)
+    if dual_clip is not None and not float(dual_clip) > 1.0:
+        raise ValueError(f"argument 'dual_clip' must be > 1 (or None to disable), got {dual_clip!r}")
+
+
+def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+                  clip_high: float | None = None, dual_clip: float | None = 3.0,
+                  is_weights=None):
+    """PPO clipped surrogate with asymmetric ranges (clip-higher) and dual clip.
+
+    ``rho = exp(clamp(logp - old_logp, -20, 20))``;
+    ``L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))``; for ``A < 0`` the dual clip
+    caps it: ``L = min(L, -c A)``.
+
+    Papers: Schulman et al., "Proximal Policy Optimization Algorithms", arXiv:1707.06347;
+    dual clip: Ye et al., "Mastering Complex Control in MOBA Games with Deep RL",
+    arXiv:1912.09729; clip-higher (eps_low 0.2, eps_high 0.28): Yu et al., "DAPO",
+    arXiv:2503.14476. verl ``vanilla`` (the log-ratio clamp at +-20 is verl's).
+
+    Args:
+      logp, old_logp, advantages, mask: ``[B, T]``.
+      clip_low / clip_high: eps_low / eps_high (``clip_high`` defaults to ``clip_low``).
+      dual_clip: c > 1 (verl default 3.0), or None to disable.
+      is_weights: optional ``[B, T]`` rollout-correction weights.
+
+    Returns:
+      ``(loss [B, T], metrics)`` with ``clip_frac``, ``clip_frac_lower``, ``approx_kl`` and
+      ratio statistics. GRPO aggregates with ``seq-mean-token-mean``, DAPO with
+      ``token-mean``.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    log_ratio = jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss, met = _clipped_surrogate(ratio, clipped, adv, m, clip_low, clip_high, dual_clip)
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def gppo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+              clip_high: float = 0.28, dual_clip: float | None = 3.0, is_weights=None):
+    """GPPO (Klear-Reasoner): gradient-preserving clipping.
+
+    The clipped ratio is ``clip(rho) = rho * sg(clip(rho) / rho)``: its *value* equals PPO's
+    clip, so the loss value is that of clip-higher PPO, but a clipped token back-propagates a
+    bounded gradient ``-A (1 +- eps) grad(logp)`` instead of zero.
+
+    Paper: Su et al., "Klear-Reasoner: Advancing Reasoning Capability via Gradient-Preserving
+    Clipping Policy Optimization", arXiv:2508.07629 (defaults eps_low 0.2, eps_high 0.28,
+    dual clip 3, ``token-mean``; scalings beta1 = beta2 = 1).
+    """
+    _check_clip(clip_low, clip_high, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    log_ratio = jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    clipped_val = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = ratio * sg(clipped_val / ratio)
+    loss, met = _clipped_surrogate(ratio, clipped, adv, m, clip_low, clip_high, dual_clip)
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def gspo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 3e-4,
+              clip_high: float = 4e-4, variant: str = "token", is_weights=None):
+    """GSPO: clipping of the sequence-level (length-normalised) importance ratio.
+
+    ``s_i = exp( (1/|o_i|) sum_t (logp - old_logp) )``. ``variant="token"`` (GSPO-token,
+    verl's ``gspo``) uses the token ratio ``s_{i,t} = sg(s_i) * exp(logp - sg(logp))``
+    (log clamped at 10), which lets token-level advantages through; ``variant="sequence"``
+    uses ``s_i`` itself (the gradient flows through the sequence mean). With sequence
+    advantages and ``seq-mean-token-mean`` aggregation (the paper's) both give the same
+    value and gradient. ``L = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))``.
+
+    Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv:2507.18071 (eps 3e-4 /
+    4e-4).
+    """
+    _checks.check_choice("variant", variant, ("token", "sequence"))
+    _check_clip(clip_low, clip_high)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    n = jnp.maximum(jnp.sum(m, -1), 1.0)
+    seq_lr = jnp.sum((lp - olp) * m, -1) / n  # [B]
+    if variant == "token":
+        log_s = jnp.minimum(lp - sg(lp) + sg(seq_lr)[:, None], 10.0)
+    else:
+        log_s = jnp.broadcast_to(jnp.minimum(seq_lr, 10.0)[:, None], lp.shape)
+    s = jnp.exp(log_s)
+    pl1 = -adv * s
+    pl2 = -adv * jnp.clip(s, 1.0 - clip_low, 1.0 + clip_high)
+    loss = jnp.maximum(pl1, pl2)
+    met = {"clip_frac": masked_mean((pl2 > pl1).astype(lp.dtype), m),
+           "clip_frac_lower": jnp.zeros((), lp.dtype)}
+    met.update(ratio_metrics(lp - olp, m))
+    met["seq_ratio_mean"] = safe_divide(jnp.sum(jnp.exp(sg(seq_lr)) * (jnp.sum(m, -1) > 0)),
+                                        jnp.sum(jnp.sum(m, -1) > 0))
+    return _finish(loss, m, is_weights), met
+
+
+def cispo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+               clip_high: float = 0.2, is_weights=None):
+    """CISPO: REINFORCE with clipped, stop-gradient importance weights.
+
+    ``L = -sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * logp``: every token keeps a gradient
+    (none is dropped by clipping). ``rho`` uses the +-20 log clamp.
+
+    Paper: MiniMax, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention", arXiv:2506.13585. The paper effectively disables the lower bound (pass a
+    large ``clip_low``, e.g. 1.0); defaults are verl's config defaults. ``token-mean``.
+    """
+    _check_clip(clip_low, clip_high)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    cr = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = -sg(cr) * adv * lp
+    met = {"clip_frac": masked_mean((ratio != cr).astype(lp.dtype), m),
+           "clip_frac_lower": jnp.zeros((), lp.dtype)}
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: float = 1.05,
+              is_weights=None):
+    """SAPO: soft adaptive policy optimisation with a smooth sigmoid gate instead of a clip.
+
+    ``f(rho) = sigmoid(tau (rho - 1)) * 4 / tau`` with ``tau = tau_pos`` if ``A > 0`` else
+    ``tau_neg``; ``L = -f(rho) A``. At ``rho = 1`` the gradient equals the plain policy
+    gradient and it decays smoothly off-policy (faster for negative advantages).
+
+    Paper: "Soft Adaptive Policy Optimization", arXiv:2511.20347 (verl defaults tau_pos 1.0,
+    tau_neg 1.05). verl always aggregates SAPO with ``seq-mean-token-mean``.
+    """
+    _checks.check_positive("tau_pos", tau_pos)
+    _checks.check_positive("tau_neg", tau_neg)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    tau = jnp.where(adv > 0, tau_pos, tau_neg)
+    gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    met = {"clip_frac": jnp.zeros((), lp.dtype), "clip_frac_lower": jnp.zeros((), lp.dtype)}
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(-gate * adv, m, is_weights), met
+
+
+def reinforce_loss(logp, advantages, mask, *, old_logp=None, is_weights=None):
+    """Plain REINFORCE: ``L = -A * logp`` (optionally times stop-gradient IS weights).
+
+    Williams, "Simple statistical gradient-following algorithms for connectionist
+    reinforcement learning" (1992). verl's ``compute_policy_loss_reinforce`` (bypass mode,
+    default aggregation ``seq-mean-token-sum``). ``old_logp`` only feeds the approx-KL metric.
+    """
+    old = logp if old_logp is None else old_logp
+    lp, olp, adv, m = _prep(logp, old, advantages, mask, is_weights)
+    met = ratio_metrics(lp - olp, m)
+    return _finish(-adv * lp, m, is_weights), met
+
+
+def gpg_loss(logp, old_logp, advantages, mask, *, is_weights=None):
+    """GPG policy loss: ``L = -A * logp`` (no ratio, no clip), verl's ``gpg``.
+
+    Paper: Chu et al., "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+    Reasoning", arXiv:2504.02546. Pair with :func:`~jaxrl_llm.core.advantages.gpg_advantages`.
+    """
+    return reinforce_loss(logp, advantages, mask, old_logp=old_logp, is_weights=is_weights)
+
+
+def _rank_desc(x: jnp.ndarray) -> jnp.ndarray:
+    """Rank of every entry of a flat array in descending order (0 = largest); stable."""
+    order = jnp.argsort(-x, stable=True)
+    return jnp.zeros_like(order).at[order].set(jnp.arange(x.shape[0]))
+
+
+def clip_cov_loss(logp, old_logp, advantages, mask, *, key: jax.Array, clip_low: float = 0.2,
+                  clip_high: float | None = None, clip_cov_ratio: float = 2e-4,
+                  clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, is_weights=None):
+    """Clip-Cov: detach a few random high-covariance tokens from the gradient.
+
+    ``cov_t = (A_t - mean A)(logp_t - mean logp)`` over the masked tokens. Among the tokens
+    that PPO does not clip and with ``lb < cov_t < ub``, ``max(1, floor(r N))`` (``N`` =
+    masked tokens, ``r = clip_cov_ratio``) are drawn uniformly at random (``key``) and get
+    zero loss; the rest use the PPO clipped surrogate (no dual clip, no log clamp, as in
+    verl).
+
+    Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models", arXiv:2505.22617 (defaults r = 2e-4, lb = 1, ub = 5).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high)
+    _checks.check_positive("clip_cov_ratio", clip_cov_ratio)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    ratio = jnp.exp(lp - olp)
+    pl1 = -adv * ratio
+    pl2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = (pl2 > pl1) & (m > 0)
+    lps = sg(lp)
+    cov = (adv - masked_mean(adv, m)) * (lps - masked_mean(lps, m))
+    cand = (m > 0) & (~clipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    n_tok = jnp.sum(m)
+    k = jnp.maximum(jnp.floor(clip_cov_ratio * n_tok), 1.0)
+    u = jax.random.uniform(key, lp.shape)
+    prio = jnp.where(cand, u, -1.0).reshape(-1)
+    rank = _rank_desc(prio).reshape(lp.shape)
+    drop = cand & (rank < k)
+    corr = jnp.where(drop, 0.0, 1.0)
+    loss = jnp.maximum(pl1, pl2) * corr
+    met = {"clip_frac": masked_mean(drop.astype(lp.dtype), m),
+           "clip_frac_lower": jnp.zeros((), lp.dtype)}
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
+                ppo_kl_coef: float = 1.0, is_weights=None):
+    """KL-Cov: a KL penalty on the tokens of highest covariance.
+
+    ``L_t = -A_t rho_t``; for the top ``max(1, floor(r N))`` masked tokens by
+    ``cov_t = (A_t - mean A)(logp_t - mean logp)``, ``L_t = -A_t rho_t + k |logp_t - old_t|``.
+    No clipping. Ties in covariance are broken by position (verl's ``topk`` order is
+    unspecified).
+
+    Paper: Cui et al., arXiv:2505.22617 (r = 2e-4). ``ppo_kl_coef`` default 1 as the
+    function docs of verl (its config default is 0.1).
+    """
+    _checks.check_positive("kl_cov_ratio", kl_cov_ratio)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    lr = lp - olp
+    ratio = jnp.exp(lr)
+    pl = -adv * ratio
+    pl_kl = pl + ppo_kl_coef * jnp.abs(lr)
+    lps = sg(lp)
+    cov = (adv - masked_mean(adv, m)) * (lps - masked_mean(lps, m))
+    n_tok = jnp.sum(m)
+    k = jnp.where(n_tok > 0, jnp.maximum(jnp.floor(n_tok * kl_cov_ratio), 1.0), 0.0)
+    prio = jnp.where(m > 0, cov, -jnp.inf).reshape(-1)
+    rank = _rank_desc(prio).reshape(lp.shape)
+    sel = (m > 0) & (rank < k)
+    loss = jnp.where(sel, pl_kl, pl)
+    met = {"kl_cov_frac": masked_mean(sel.astype(lp.dtype), m)}
+    met.update(ratio_metrics(lr, m))
+    met["approx_kl_abs"] = masked_mean(jnp.abs(sg(lr)), m)
+    return _finish(loss, m, is_weights), met
+
+
+def gmpo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.4,
+              clip_high: float = 0.4, is_weights=None):
+    """GMPO: maximise the geometric mean of token ratios, clipped per token in log space.
+
+    With ``d_t = logp - old_logp`` clipped to ``[-eps_low, eps_high]`` on the side the
+    advantage sign pushes (``sign(A) min(sign(A) d, sign(A) clip(d))``), the sequence ratio is
+    ``R_i = exp(mean_t d~_t)`` and the sequence loss ``-A_i R_i`` with ``A_i`` the token-mean
+    advantage. It is returned broadcast to the response tokens; aggregate with
+    ``seq-mean-token-mean`` to get the mean over sequences. ``is_weights`` are reduced to a
+    per-sequence geometric mean (verl).
+
+    Paper: Zhao et al., "Geometric-Mean Policy Optimization", arXiv:2507.20673 (clip range
+    (e^-0.4, e^0.4)). Difference from verl's ``geo_mean``: verl averages over all ``B`` rows
+    including fully masked ones; ``seq-mean-token-mean`` averages over rows with a token.
+    """
+    _check_clip(clip_low, clip_high)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    d = lp - olp
+    sgn = jnp.sign(adv)
+    dc = jnp.clip(d, -clip_low, clip_high)
+    dmin = sgn * jnp.minimum(sgn * d, sgn * dc)
+    n = jnp.sum(m, -1)
+    ratio = jnp.exp(jnp.sum(dmin * m, -1) / (n + 1e-8))
+    a_seq = jnp.sum(adv * m, -1) / (n + 1e-8)
+    seq_loss = -a_seq * ratio
+    if is_weights is not None:
+        w = sg(_checks.as_float(is_weights))
+        seq_loss = seq_loss * jnp.exp(jnp.sum(jnp.log(w + 1e-10) * m, -1) / (n + 1e-8))
+    loss = jnp.broadcast_to(seq_loss[:, None], lp.shape)
+    clipped = (d != dc).astype(lp.dtype)
+    met = {"clip_frac": masked_mean(clipped * (adv > 0), m),
+           "clip_frac_lower": masked_mean(clipped * (adv < 0), m)}
+    met.update(ratio_metrics(d, m))
+    return jnp.where(m > 0, loss, 0.0), met
+
+
+def dro_loss(logp, old_logp, advantages, mask, *, beta: float, is_weights=None):
+    """DRO policy loss with a quadratic log-ratio penalty (verl's ``dro``).
+
+    ``L = -(A logp - (beta/2) (logp - old_logp)^2)``.
+
+    Paper: Richemond et al., "Offline Regularised Reinforcement Learning for Large Language
+    Models Alignment" (Direct Reward Optimisation), arXiv:2405.19107.
+    """
+    _checks.check_positive("beta", beta)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    lr = lp - olp
+    loss = -(lp * adv - 0.5 * beta * jnp.square(lr))
+    return _finish(loss, m, is_weights), ratio_metrics(lr, m)
+
+
+def _dppo(lp, olp, adv, m, valid, clip_ratio_c, is_weights):
+    lr = jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = jnp.exp(lr)
+    tr = sg(jnp.minimum(ratio, clip_ratio_c))
+    valid = sg(valid.astype(lp.dtype))
+    loss = -adv * tr * lp * valid
+    met = {"clip_frac": masked_mean(1.0 - valid, m),
+           "clip_frac_lower": masked_mean((ratio > clip_ratio_c).astype(lp.dtype) * valid, m)}
+    met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def dppo_tv_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+                 clip_high: float | None = None, clip_ratio_c: float = 20.0, is_weights=None):
+    """DPPO-Binary-TV: trust region on the probability change of the sampled token.
+
+    Tokens whose probability moved too far in the advantage's direction are masked:
+    valid if ``p - p_old <= delta_high`` (``A > 0``) or ``p - p_old >= -delta_low``
+    (``A <= 0``). ``L = -A sg(min(rho, c)) logp * valid`` (truncated IS, ``c = 20``).
+
+    Paper: "DPPO", arXiv:2602.04879 (verl's ``dppo_tv``; ``clip_low/high`` are TV thresholds).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    dp = jnp.exp(lp) - jnp.exp(olp)
+    valid = jnp.where(adv > 0, dp <= clip_high, dp >= -clip_low)
+    return _dppo(lp, olp, adv, m, valid, clip_ratio_c, is_weights)
+
+
+def dppo_kl_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+                 clip_high: float | None = None, clip_ratio_c: float = 20.0, is_weights=None):
+    """DPPO-Binary-KL: like :func:`dppo_tv_loss` with the binary KL of the sampled token.
+
+    ``KL_bin = p_old log(p_old/p) + (1 - p_old) log((1 - p_old + 1e-8)/(1 - p + 1e-8))``;
+    valid if ``KL_bin <= delta_high or p <= p_old`` (``A > 0``), ``KL_bin <= delta_low or
+    p >= p_old`` (``A <= 0``). Paper: arXiv:2602.04879 (verl's ``dppo_kl``).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    p, po = jnp.exp(lp), jnp.exp(olp)
+    kl = po * (olp - lp) + (1.0 - po) * jnp.log((1.0 - po + 1e-8) / (1.0 - p + 1e-8))
+    valid = jnp.where(adv > 0, (kl <= clip_high) | (p <= po), (kl <= clip_low) | (p >= po))
+    return _dppo(lp, olp, adv, m, valid, clip_ratio_c, is_weights)
+
+
+def rollout_is_weights(logp, rollout_logp, mask, *, level: str = "token", upper: float = 2.0,
+                       lower: float | None = None, batch_normalize: bool = False):
+    """Importance weights ``pi_train / pi_rollout`` against sampler-trainer mismatch.
+
+    ``level="token"``: ``w_t = exp(logp_t - rollout_t)``; ``"sequence"``: the product over
+    the response, ``exp(sum_t ...)``, broadcast (log clamped to +-20). With only ``upper``:
+    truncated IS (TIS), ``w <- min(w, upper)``. With ``lower`` too: IcePop, ``w <- w`` inside
+    ``[lower, upper]`` and 0 outside (the token gets no gradient). Optionally normalised to
+    mean 1 over the batch. Weights carry no gradient and are 0 outside the mask.
+
+    Papers: Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (TIS, 2025 blog); Ling Team, "Every Step Evolves: Scaling RL for Trillion-Scale
+    Thinking Model" (IcePop, arXiv:2510.18855). verl ``compute_rollout_correction_weights``.
+
+    Returns:
+      ``(weights [B, T], metrics)``.
+    """
+    _checks.check_choice("level", level, ("token", "sequence"))
+    _checks.check_positive("upper", upper)
+    if lower is not None:
+        _checks.check_positive("lower", lower)
+        if lower > upper:
+            raise ValueError(f"argument 'lower' ({lower}) must be <= 'upper' ({upper})")
+    _checks.check_token_args(logp=logp, rollout_logp=rollout_logp, mask=mask)
+    lp = sg(_checks.as_float(logp))
+    rl = sg(_checks.as_float(rollout_logp))
+    m = _checks.as_mask(mask, lp.dtype)
+    lr = lp - rl
+    if level == "token":
+        raw = jnp.exp(jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    else:
+        s = masked_sum(lr, m, axis=-1)
+        raw = jnp.broadcast_to(jnp.exp(jnp.clip(s, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))[:, None], lr.shape)
+    raw = raw * m
+    if lower is None:
+        w = jnp.minimum(raw, upper)
+        oob = raw > upper
+    else:
+        keep = (raw >= lower) & (raw <= upper)
+        w = jnp.where(keep, raw, 0.0)
+        oob = ~keep
+    met = {"is_weight_mean": masked_mean(w, m),
+           "is_out_of_bounds_frac": masked_mean(oob.astype(lp.dtype), m)}
+    if batch_normalize:
+        if level == "token":
+            mean = masked_mean(w, m)
+        else:
+            has = (jnp.sum(m, -1) > 0).astype(lp.dtype)
+            mean = safe_divide(jnp.sum(masked_mean(w, m, axis=-1) * has), jnp.maximum(jnp.sum(has), 1e-8))
+        w = jnp.where(mean > 1e-8, w / jnp.where(mean > 1e-8, mean, 1.0), w)
+    return sg(w), met
+
+
+_RS_MODES = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+             "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def rollout_rejection_mask(logp, rollout_logp, mask, *, mode: str = "token_k1",
+                           upper: float, lower: float | None = None):
+    """Hard trust region against sampler-trainer mismatch: mask tokens or whole sequences.
+
+    With ``x = logp - rollout_logp`` (clamped to +-20) the divergence estimators are
+    ``k1 = -x``, ``k2 = x^2/2``, ``k3 = e^x - 1 - x``. ``token_*`` tests each token;
+    ``seq_sum_* / seq_mean_* / seq_max_*`` test the sum / mean / max over the response and
+    reject the whole sequence. k1 modes keep ``log(lower) <= stat <= log(upper)``
+    (``lower`` defaults to ``1/upper``), the others keep ``stat <= upper``. Combine several
+    criteria by multiplying the masks. Semantics follow verl's
+    ``compute_rollout_rejection_mask``.
+
+    Returns:
+      ``(new_mask [B, T] float, metrics)``.
+    """
+    _checks.check_choice("mode", mode, _RS_MODES)
+    _checks.check_positive("upper", upper)
+    _checks.check_token_args(logp=logp, rollout_logp=rollout_logp, mask=mask)
+    lp = sg(_checks.as_float(logp))
+    m = _checks.as_mask(mask, lp.dtype)
+    x = jnp.clip(lp - sg(_checks.as_float(rollout_logp)), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    est = mode[-2:]
+    stat = {"k1": -x, "k2": 0.5 * x * x, "k3": jnp.exp(x) - 1.0 - x}[est]
+    if mode.startswith("seq_sum"):
+        stat = jnp.broadcast_to(masked_sum(stat, m, axis=-1)[:, None], x.shape)
+    elif mode.startswith("seq_mean"):
+        stat = jnp.broadcast_to(masked_mean(stat, m, axis=-1)[:, None], x.shape)
+    elif mode.startswith("seq_max"):
+        mx = jnp.max(jnp.where(m > 0, stat, -jnp.inf), axis=-1)
+        stat = jnp.broadcast_to(jnp.where(jnp.isfinite(mx), mx, 0.0)[:, None], x.shape)
+    if est == "k1":
+        lo = 1.0 / upper if lower is None else lower
+        keep = (stat >= jnp.log(lo)) & (stat <= jnp.log(upper))
+    else:
+        if lower is not None:
+            raise ValueError(f"argument 'lower' applies only to k1 modes, got mode={mode!r}")
+        keep = stat <= upper
+    new_mask = m * keep.astype(lp.dtype)
+    met = {"rejected_token_frac": masked_mean(1.0 - keep.astype(lp.dtype), m)}
+    return new_mask, met
