@@ -13,9 +13,6 @@ import numpy as np
 
 __all__: list[str] = []  # private module
 
-_FLOAT_KINDS = ("f",)
-
-
 def _shape(x: Any) -> tuple[int, ...]:
     return tuple(np.shape(x))
 
@@ -34,13 +31,13 @@ def check_rank(name: str, x: Any, rank: int) -> None:
 
 def check_float(name: str, x: Any) -> None:
     dt = jnp.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype
-    if jnp.dtype(dt).kind not in _FLOAT_KINDS:
+    if not jnp.issubdtype(dt, jnp.floating):
         raise TypeError(f"argument '{name}' must be a floating array, got dtype {dt}")
 
 
 def check_int(name: str, x: Any) -> None:
     dt = x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
-    if jnp.dtype(dt).kind not in ("i", "u"):
+    if not jnp.issubdtype(dt, jnp.integer):
         raise TypeError(f"argument '{name}' must be an integer array, got dtype {dt}")
 
 
@@ -120,7 +117,7 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
 def as_float(x: Any) -> jnp.ndarray:
     """Promote to at least float32 (bf16 / f16 inputs are computed in float32)."""
     x = jnp.asarray(x)
-    if x.dtype in (jnp.bfloat16, jnp.float16) or jnp.dtype(x.dtype).kind != "f":
+    if x.dtype in (jnp.bfloat16, jnp.float16) or not jnp.issubdtype(x.dtype, jnp.floating):
         return x.astype(jnp.float32)
     return x
 

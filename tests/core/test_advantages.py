@@ -1,0 +1,283 @@
+"""Test battery for the advantage estimators (DESIGN.md 3.12) and the paper identities."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxrl_llm.core import advantages as A
+
+B, T, NG = 8, 5, 2
+GID = np.array([0, 1, 0, 1, 0, 1, 0, 1], np.int32)  # interleaved groups
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 2, B).astype(np.float32)
+    s[:2] = [1.0, 0.0]
+    lengths = rng.integers(1, T + 1, B)
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    return s, mask
+
+
+# Every outcome estimator as f(scores, mask, group_ids, num_groups, valid) -> [B, T]
+OUTCOME = {
+    "grpo": lambda s, m, g, n, v=None: A.grpo_advantages(s, m, g, n, valid=v),
+    "grpo_nostd": lambda s, m, g, n, v=None: A.grpo_advantages(s, m, g, n, scale_by_std=False, valid=v),
+    "dr_grpo": lambda s, m, g, n, v=None: A.dr_grpo_advantages(s, m, g, n, valid=v),
+    "rloo": lambda s, m, g, n, v=None: A.rloo_advantages(s, m, g, n, valid=v),
+    "rpp_baseline": lambda s, m, g, n, v=None: A.reinforce_pp_baseline_advantages(s, m, g, n, valid=v),
+    "opo": lambda s, m, g, n, v=None: A.opo_advantages(s, m, g, n, valid=v),
+    "passk": lambda s, m, g, n, v=None: A.grpo_passk_advantages(s, m, g, n, valid=v),
+    "gdpo": lambda s, m, g, n, v=None: A.gdpo_advantages(jnp.stack([s, 1 - s], 1), m, g, n, valid=v),
+    "gpg": lambda s, m, g, n, v=None: A.gpg_advantages(s, m, g, n, valid=v),
+    "lite_ppo": lambda s, m, g, n, v=None: A.lite_ppo_advantages(s, m, g, n, valid=v),
+    "bnpo": lambda s, m, g, n, v=None: A.bnpo_advantages(s, m, g, n, valid=v),
+    "ngrpo": lambda s, m, g, n, v=None: A.ngrpo_advantages(s, m, g, n, valid=v),
+}
+# estimators whose output does not depend on batch-wide statistics (only on the group)
+GROUP_LOCAL = {"grpo", "grpo_nostd", "dr_grpo", "rloo", "opo", "passk", "ngrpo"}
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_jit_equals_eager_and_masked_outside(name):
+    s, m = _inputs()
+    f = OUTCOME[name]
+    eager = f(s, m, GID, NG)
+    jitted = jax.jit(f, static_argnums=3)(s, m, GID, NG)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), atol=1e-6)
+    assert eager.shape == (B, T) and eager.dtype == jnp.float32
+    assert np.all(np.asarray(eager)[m == 0] == 0)
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_group_order_does_not_matter(name):
+    s, m = _inputs(1)
+    perm = np.random.default_rng(3).permutation(B)
+    a = np.asarray(OUTCOME[name](s, m, GID, NG))
+    b = np.asarray(OUTCOME[name](s[perm], m[perm], GID[perm], NG))
+    np.testing.assert_allclose(a[perm], b, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_padding_row_equals_filtered(name):
+    """An invalid (padding) row changes nothing for the others and gets advantage 0."""
+    s, m = _inputs(2)
+    ref = np.asarray(OUTCOME[name](s, m, GID, NG))
+    s2 = np.concatenate([s, [7.0]]).astype(np.float32)
+    m2 = np.concatenate([m, np.ones((1, T), np.float32)])
+    g2 = np.concatenate([GID, [0]]).astype(np.int32)
+    v2 = np.array([True] * B + [False])
+    out = np.asarray(OUTCOME[name](s2, m2, g2, NG, v2))
+    np.testing.assert_allclose(out[:B], ref, atol=1e-5)
+    assert np.all(out[B] == 0)
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_vmap_over_batches(name):
+    s, m = _inputs(3)
+    s2, m2 = _inputs(4)
+    f = lambda s, m: OUTCOME[name](s, m, GID, NG)
+    stacked = jax.vmap(f)(jnp.stack([s, s2]), jnp.stack([m, m2]))
+    np.testing.assert_allclose(np.asarray(stacked[1]), np.asarray(f(s2, m2)), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_bf16_inputs(name):
+    s, m = _inputs(5)
+    ref = np.asarray(OUTCOME[name](s, m, GID, NG))
+    out = OUTCOME[name](jnp.asarray(s, jnp.bfloat16), jnp.asarray(m, jnp.bfloat16), GID, NG)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-2)  # {0, 1} rewards are exact in bf16
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_LOCAL - {"passk"}))
+def test_all_equal_group_is_zero(name):
+    """A group whose rewards are all equal carries no signal (NGRPO: only when all correct)."""
+    s = np.array([1, 0, 1, 1, 1, 0, 1, 1], np.float32)  # group 0 all 1, group 1 mixed
+    m = np.ones((B, T), np.float32)
+    out = np.asarray(OUTCOME[name](s, m, GID, NG))
+    assert np.allclose(out[GID == 0], 0, atol=1e-6)
+    assert not np.allclose(out[GID == 1], 0)
+
+
+def test_grpo_hand_computed():
+    s = np.array([1, 0, 0, 1, 1, 1], np.float32)
+    g = np.array([0, 0, 0, 1, 1, 2], np.int32)
+    m = np.ones((6, 2), np.float32)
+    out = np.asarray(A.grpo_advantages(s, m, g, 3))[:, 0]
+    std0 = np.std([1, 0, 0], ddof=1)
+    exp = [(1 - 1 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6), 0, 0, 1 / (1 + 1e-6)]
+    np.testing.assert_allclose(out, exp, rtol=1e-6)  # singleton: mean 0, std 1 (verl)
+
+
+def test_rloo_hand_computed():
+    s = np.array([3, 1, 2], np.float32)
+    out = np.asarray(A.rloo_advantages(s, np.ones((3, 1)), np.zeros(3, np.int32), 1))[:, 0]
+    np.testing.assert_allclose(out, [3 - 1.5, 1 - 2.5, 2 - 2.0], rtol=1e-6)
+
+
+def test_opo_hand_computed():
+    s = np.array([1.0, 0.0], np.float32)
+    m = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
+    out = np.asarray(A.opo_advantages(s, m, np.zeros(2, np.int32), 1))
+    b = (3 * 1 + 1 * 0) / 4
+    np.testing.assert_allclose(out[:, 0], [1 - b, -b], rtol=1e-6)
+
+
+def test_gae_hand_computed():
+    r = np.array([[0.0, 0.0, 1.0]], np.float32)
+    v = np.array([[0.5, 0.2, 0.1]], np.float32)
+    m = np.ones((1, 3), np.float32)
+    g, lam = 0.9, 0.8
+    d2 = 1.0 - 0.1
+    d1 = 0 + g * 0.1 - 0.2
+    d0 = 0 + g * 0.2 - 0.5
+    a2 = d2
+    a1 = d1 + g * lam * a2
+    a0 = d0 + g * lam * a1
+    adv, ret = A.gae_advantages(r, v, m, g, lam, whiten=False)
+    np.testing.assert_allclose(np.asarray(adv)[0], [a0, a1, a2], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ret)[0], [a0 + 0.5, a1 + 0.2, a2 + 0.1], rtol=1e-6)
+
+
+def test_gae_skips_masked_observation_tokens():
+    """A masked token in the middle neither adds a TD error nor breaks the recursion."""
+    r = np.array([[0.0, 5.0, 1.0]], np.float32)
+    v = np.array([[0.5, 9.0, 0.1]], np.float32)
+    with_hole = np.asarray(A.gae_advantages(r, v, np.array([[1, 0, 1]], np.float32), 1.0, 1.0, whiten=False)[0])
+    r2, v2 = r[:, [0, 2]], v[:, [0, 2]]
+    filtered = np.asarray(A.gae_advantages(r2, v2, np.ones((1, 2), np.float32), 1.0, 1.0, whiten=False)[0])
+    np.testing.assert_allclose(with_hole[0, [0, 2]], filtered[0], rtol=1e-6)
+
+
+def test_remax_hand_computed():
+    r = np.array([[0.0, 0.0, 2.0]], np.float32)
+    adv, ret = A.remax_advantages(r, np.array([0.5], np.float32), np.ones((1, 3), np.float32))
+    np.testing.assert_allclose(np.asarray(adv)[0], [1.5, 1.5, 1.5])
+
+
+def test_reinforce_pp_whitened_over_batch():
+    r = np.zeros((4, 3), np.float32)
+    r[:, -1] = [1, 0, 1, 0]
+    m = np.ones((4, 3), np.float32)
+    adv, ret = A.reinforce_pp_advantages(r, m, 1.0)
+    a = np.asarray(adv)
+    assert abs(a.mean()) < 1e-6 and abs(a.std(ddof=1) - 1) < 1e-3
+
+
+def test_passk_only_best_sample_learns():
+    s = np.array([0.2, 0.9, 0.5, 0.1], np.float32)
+    out = np.asarray(A.grpo_passk_advantages(s, np.ones((4, 1)), np.zeros(4, np.int32), 1,
+                                             scale_by_std=False))[:, 0]
+    np.testing.assert_allclose(out, [0, 0.4, 0, 0], rtol=1e-6)
+
+
+def test_gpg_alpha():
+    s = np.array([1, 0, 0, 0], np.float32)
+    out = np.asarray(A.gpg_advantages(s, np.ones((4, 1)), np.zeros(4, np.int32), 1))[:, 0]
+    np.testing.assert_allclose(out, 4.0 * (s - 0.25), rtol=1e-6)
+
+
+def test_lite_ppo_uses_batch_std():
+    s = np.array([1, 0, 1, 1, 0, 0], np.float32)
+    g = np.array([0, 0, 0, 1, 1, 1], np.int32)
+    out = np.asarray(A.lite_ppo_advantages(s, np.ones((6, 1)), g, 2))[:, 0]
+    gm = np.array([2 / 3] * 3 + [1 / 3] * 3)
+    np.testing.assert_allclose(out, (s - gm) / (np.std(s, ddof=1) + 1e-6), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ paper identities
+def test_ngrpo_all_wrong_group_gets_minus_inv_sqrt_g_plus_1():
+    for gsize in (4, 8, 16):
+        s = np.zeros(gsize, np.float32)
+        out = np.asarray(A.ngrpo_advantages(s, np.ones((gsize, 1)), np.zeros(gsize, np.int32), 1))[:, 0]
+        np.testing.assert_allclose(out, -1 / math.sqrt(gsize + 1), rtol=1e-5)
+        ones = np.asarray(A.ngrpo_advantages(s + 1, np.ones((gsize, 1)), np.zeros(gsize, np.int32), 1))
+        np.testing.assert_allclose(ones, 0, atol=1e-7)
+
+
+def _binary_groups(seed, n_groups=5, g=6):
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 2, n_groups * g).astype(np.float32)
+    gid = np.repeat(np.arange(n_groups), g).astype(np.int32)
+    return s, gid, np.ones((n_groups * g, 1), np.float32)
+
+
+def test_bnpo_alpha_beta_one_is_reinforce_with_group_mean_baseline():
+    s, gid, m = _binary_groups(0)
+    out = np.asarray(A.bnpo_advantages(s, m, gid, 5, alpha=1.0, beta=1.0))[:, 0]
+    ref = np.asarray(A.grpo_advantages(s, m, gid, 5, scale_by_std=False))[:, 0]
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def test_bnpo_alpha_beta_three_halves_is_grpo_population_std():
+    s, gid, m = _binary_groups(1)
+    out = np.asarray(A.bnpo_advantages(s, m, gid, 5, alpha=1.5, beta=1.5))[:, 0]
+    grpo = np.asarray(A.grpo_advantages(s, m, gid, 5, unbiased_std=False, epsilon=0.0))[:, 0]
+    mixed = np.isfinite(grpo) & (np.abs(grpo) > 0)
+    np.testing.assert_allclose(out[mixed], (math.pi / 8) * grpo[mixed], rtol=1e-4)
+
+
+def test_bnpo_decomposition_averages_components():
+    s, gid, m = _binary_groups(2)
+    s2 = np.random.default_rng(9).integers(0, 2, s.shape[0]).astype(np.float32)
+    both = np.asarray(A.bnpo_advantages(np.stack([s, s2], 1), m, gid, 5))
+    a1 = np.asarray(A.bnpo_advantages(s, m, gid, 5))
+    a2 = np.asarray(A.bnpo_advantages(s2, m, gid, 5))
+    np.testing.assert_allclose(both, (a1 + a2) / 2, atol=1e-5)
+
+
+def test_bnpo_degenerate_batch_is_finite():
+    s = np.ones(6, np.float32)
+    out = A.bnpo_advantages(s, np.ones((6, 1)), np.repeat(np.arange(2), 3).astype(np.int32), 2)
+    assert np.all(np.isfinite(np.asarray(out)))
+
+
+# ------------------------------------------------------------------ properties
+@given(st.lists(st.floats(-5, 5, width=32), min_size=2, max_size=12), st.integers(1, 4), st.integers(0, 10))
+def test_property_grpo_and_rloo_sum_to_zero_per_group(rewards, n_groups, seed):
+    s = np.asarray(rewards, np.float32)
+    rng = np.random.default_rng(seed)
+    gid = rng.integers(0, n_groups, s.shape[0]).astype(np.int32)
+    m = np.ones((s.shape[0], 1), np.float32)
+    for f in (A.grpo_advantages, A.rloo_advantages, A.dr_grpo_advantages):
+        out = np.asarray(f(s, m, gid, n_groups))[:, 0]
+        for g in range(n_groups):
+            sel = gid == g
+            if sel.sum() > 1:
+                assert abs(out[sel].sum()) < 1e-3 * max(1.0, np.abs(out[sel]).max())
+
+
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=10))
+def test_property_grpo_binary_is_bounded_and_monotone(rewards):
+    s = np.asarray(rewards, np.float32)
+    out = np.asarray(A.grpo_advantages(s, np.ones((len(s), 1)), np.zeros(len(s), np.int32), 1))[:, 0]
+    assert np.all(np.isfinite(out))
+    if s.min() < s.max():
+        assert out[s == 1].min() > 0 > out[s == 0].max()
+
+
+# ------------------------------------------------------------------ input checks
+def test_errors_name_the_argument():
+    s, m = _inputs()
+    with pytest.raises(ValueError, match="'mask'"):
+        A.grpo_advantages(s, m[:, None], GID, NG)
+    with pytest.raises(ValueError, match="'scores'"):
+        A.grpo_advantages(s[:3], m, GID, NG)
+    with pytest.raises(ValueError, match="'num_groups'"):
+        A.grpo_advantages(s, m, GID, 0)
+    with pytest.raises(TypeError, match="'group_ids'"):
+        A.grpo_advantages(s, m, GID.astype(np.float32), NG)
+    with pytest.raises(ValueError, match="group_ids"):
+        A.grpo_advantages(s, m, GID + 5, NG)
+    with pytest.raises(ValueError, match="'values'"):
+        A.gae_advantages(np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="'singleton'"):
+        A.rloo_advantages(s, m, GID, NG, singleton="bad")

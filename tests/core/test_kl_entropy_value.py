@@ -1,0 +1,115 @@
+"""KL estimators and controllers, chunked entropy / logprobs, clipped value loss."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxrl_llm.core import entropy as E
+from jaxrl_llm.core import kl as K
+from jaxrl_llm.core import value as V
+
+LP = np.array([[-1.0, -2.0, -0.5]], np.float32)
+REF = np.array([[-1.5, -1.0, -0.5]], np.float32)
+
+
+def test_kl_hand_computed():
+    x = LP - REF
+    np.testing.assert_allclose(np.asarray(K.kl_penalty(LP, REF, "k1")), x)
+    np.testing.assert_allclose(np.asarray(K.kl_penalty(LP, REF, "abs")), np.abs(x))
+    np.testing.assert_allclose(np.asarray(K.kl_penalty(LP, REF, "k2")), 0.5 * x * x)
+    np.testing.assert_allclose(np.asarray(K.kl_penalty(LP, REF, "k3")), np.exp(-x) - 1 + x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("base", ["k1", "abs", "k3", "low_var_kl"])
+def test_straight_through_has_value_of_base_and_gradient_of_k2(base):
+    v = K.kl_penalty(LP, REF, base + "+")
+    np.testing.assert_allclose(np.asarray(v), np.asarray(K.kl_penalty(LP, REF, base)), rtol=1e-6)
+    g = jax.grad(lambda lp: jnp.sum(K.kl_penalty(lp, REF, base + "+")))(LP)
+    np.testing.assert_allclose(np.asarray(g), LP - REF, rtol=1e-6)
+
+
+def test_kl_clamps_and_reference_has_no_gradient():
+    big = np.array([[-40.0, 0.0]], np.float32)
+    ref = np.array([[0.0, -40.0]], np.float32)
+    v = np.asarray(K.kl_penalty(big, ref, "k3"))
+    assert np.all(np.isfinite(v)) and v.max() <= 10.0
+    g = jax.grad(lambda r: jnp.sum(K.kl_penalty(LP, r, "k2")))(REF)
+    assert np.all(np.asarray(g) == 0)
+
+
+@given(st.floats(-15, 15))
+def test_property_k3_nonnegative(x):
+    v = float(K.kl_penalty(np.array([x], np.float32), np.array([0.0], np.float32), "k3")[0])
+    assert v >= -1e-6
+
+
+def test_kl_in_reward():
+    scores = np.array([[0.0, 0.0, 1.0]], np.float32)
+    m = np.array([[1, 1, 0]], np.float32)
+    r, kl = K.kl_in_reward(scores, LP, REF, m, coef=0.1)
+    np.testing.assert_allclose(np.asarray(r), scores - 0.1 * (LP - REF) * m, rtol=1e-6)
+
+
+def test_controllers():
+    fixed = K.fixed_kl_controller(0.05)
+    s = fixed.update(fixed.init(), 1.0, 10)
+    assert float(s.coef) == pytest.approx(0.05)
+    ad = K.adaptive_kl_controller(0.1, target=0.02, horizon=1000)
+    s = ad.init()
+    s = jax.jit(ad.update)(s, 0.05, 100)  # KL above target -> beta grows by 1 + 0.2 * 0.1
+    assert float(s.coef) == pytest.approx(0.1 * 1.02, rel=1e-6)
+    s = ad.update(s, 0.0, 100)
+    assert float(s.coef) == pytest.approx(0.1 * 1.02 * 0.98, rel=1e-6)
+    with pytest.raises(ValueError, match="'horizon'"):
+        K.adaptive_kl_controller(0.1, 0.1, 0)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 7, 64])
+def test_chunked_entropy_and_logprobs_equal_unchunked(chunk):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2, (2, 7, 13)).astype(np.float32)
+    tok = rng.integers(0, 13, (2, 7))
+    ref_ent = -np.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), -1)
+    np.testing.assert_allclose(np.asarray(E.chunked_entropy(logits, chunk)), ref_ent, rtol=1e-5, atol=1e-6)
+    lp, ent = E.chunked_logprobs_and_entropy(jnp.asarray(logits, jnp.bfloat16), tok, chunk, temperature=0.7)
+    ls = jax.nn.log_softmax(jnp.asarray(logits, jnp.bfloat16).astype(jnp.float32) / 0.7)
+    np.testing.assert_allclose(np.asarray(lp), np.take_along_axis(np.asarray(ls), tok[..., None], -1)[..., 0],
+                               rtol=1e-5, atol=1e-5)
+    assert lp.dtype == jnp.float32
+
+
+def test_chunked_logprobs_gradient_matches_dense():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 5, 6)).astype(np.float32)
+    tok = rng.integers(0, 6, (2, 5))
+    g1 = jax.grad(lambda z: jnp.sum(E.chunked_logprobs_and_entropy(z, tok, 2)[0]))(logits)
+    g2 = jax.grad(lambda z: jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(z), tok[..., None], -1)))(logits)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-5, atol=1e-6)
+
+
+def test_entropy_of_uniform_is_log_v():
+    np.testing.assert_allclose(np.asarray(E.entropy_from_logits(jnp.zeros((3, 10)))), np.log(10), rtol=1e-6)
+
+
+def test_value_loss_hand_computed():
+    v = np.array([[1.0, 0.0]], np.float32)
+    old = np.array([[0.0, 0.0]], np.float32)
+    ret = np.array([[2.0, 1.0]], np.float32)
+    loss, met = V.clipped_value_loss(v, old, ret, np.ones((1, 2)), clip_range=0.5)
+    # token 0: unclipped (1-2)^2 = 1, clipped (0.5-2)^2 = 2.25 -> max 2.25 -> 1.125
+    np.testing.assert_allclose(np.asarray(loss)[0], [1.125, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(float(met["vf_clip_frac"]), 0.5)
+    loss, _ = V.clipped_value_loss(v, old, ret, np.ones((1, 2)), clip_range=None)
+    np.testing.assert_allclose(np.asarray(loss)[0], [0.5, 0.5])
+
+
+def test_value_loss_masked_row_zero_grad():
+    v = np.ones((2, 3), np.float32)
+    m = np.array([[1, 1, 1], [0, 0, 0]], np.float32)
+    g = jax.grad(lambda x: jnp.sum(V.clipped_value_loss(x, v * 0, v * 3, m)[0]))(v)
+    assert np.all(np.asarray(g)[1] == 0)

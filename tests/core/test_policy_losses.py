@@ -1,0 +1,242 @@
+"""Test battery for the policy losses (DESIGN.md 3.12) and the GPPO / GSPO identities."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxrl_llm.core import aggregation as G
+from jaxrl_llm.core import policy_losses as P
+
+B, T = 6, 7
+
+LOSSES = {
+    "ppo": lambda lp, o, a, m: P.ppo_clip_loss(lp, o, a, m, clip_low=0.2, clip_high=0.28),
+    "ppo_nodual": lambda lp, o, a, m: P.ppo_clip_loss(lp, o, a, m, dual_clip=None),
+    "gppo": lambda lp, o, a, m: P.gppo_loss(lp, o, a, m),
+    "gspo_token": lambda lp, o, a, m: P.gspo_loss(lp, o, a, m, clip_low=0.05, clip_high=0.05),
+    "gspo_seq": lambda lp, o, a, m: P.gspo_loss(lp, o, a, m, clip_low=0.05, clip_high=0.05, variant="sequence"),
+    "cispo": lambda lp, o, a, m: P.cispo_loss(lp, o, a, m),
+    "sapo": lambda lp, o, a, m: P.sapo_loss(lp, o, a, m),
+    "gpg": lambda lp, o, a, m: P.gpg_loss(lp, o, a, m),
+    "reinforce": lambda lp, o, a, m: P.reinforce_loss(lp, a, m, old_logp=o),
+    "clip_cov": lambda lp, o, a, m: P.clip_cov_loss(lp, o, a, m, key=jax.random.key(1), clip_cov_ratio=0.1,
+                                                     clip_cov_lb=0.0, clip_cov_ub=10.0),
+    "kl_cov": lambda lp, o, a, m: P.kl_cov_loss(lp, o, a, m, kl_cov_ratio=0.1),
+    "gmpo": lambda lp, o, a, m: P.gmpo_loss(lp, o, a, m),
+    "dro": lambda lp, o, a, m: P.dro_loss(lp, o, a, m, beta=0.5),
+    "dppo_tv": lambda lp, o, a, m: P.dppo_tv_loss(lp, o, a, m),
+    "dppo_kl": lambda lp, o, a, m: P.dppo_kl_loss(lp, o, a, m),
+}
+# losses whose value at logp == old_logp has the plain policy gradient -A grad(logp)
+ON_POLICY_PG = ["ppo", "ppo_nodual", "gppo", "gspo_token", "gspo_seq", "cispo", "sapo", "gpg", "reinforce",
+                "dro", "dppo_tv", "dppo_kl", "gmpo"]
+
+
+def _inputs(seed=0, seq_adv=False):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, T + 1, B)
+    m = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    lp = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    old = np.clip(lp + rng.normal(0, 0.3, (B, T)), -10, -1e-3).astype(np.float32)
+    adv = rng.normal(size=(B, 1 if seq_adv else T)).astype(np.float32)
+    adv = np.broadcast_to(adv, (B, T)).copy()
+    return lp, old, adv, m
+
+
+def _scalar(name, mode="token-mean"):
+    def f(lp, o, a, m):
+        loss, _ = LOSSES[name](lp, o, a, m)
+        return G.aggregate(loss, m, mode)
+    return f
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_jit_equals_eager(name):
+    lp, o, a, m = _inputs(seq_adv=name == "gmpo")
+    f = _scalar(name)
+    v1, g1 = jax.value_and_grad(f)(lp, o, a, m)
+    v2, g2 = jax.jit(jax.value_and_grad(f))(lp, o, a, m)
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-5, atol=1e-7)
+    loss, met = LOSSES[name](lp, o, a, m)
+    assert loss.shape == (B, T) and np.all(np.asarray(loss)[m == 0] == 0)
+    assert all(np.ndim(v) == 0 and np.isfinite(float(v)) for v in met.values())
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_all_masked_row_is_finite_with_zero_gradient(name):
+    lp, o, a, m = _inputs(1, seq_adv=name == "gmpo")
+    m[2] = 0.0
+    lp[2] = -30.0  # garbage under the mask must not leak
+    for mode in G.AGG_MODES:
+        v, g = jax.value_and_grad(_scalar(name, mode))(lp, o, a, m)
+        assert np.isfinite(float(v))
+        assert np.all(np.asarray(g)[2] == 0)
+        assert np.all(np.isfinite(np.asarray(g)))
+    m[:] = 0.0
+    v, g = jax.value_and_grad(_scalar(name))(lp, o, a, m)
+    assert float(v) == 0.0 and np.all(np.asarray(g) == 0)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_masked_row_equals_filtered(name):
+    lp, o, a, m = _inputs(2, seq_adv=name == "gmpo")
+    ref_v, ref_g = jax.value_and_grad(_scalar(name))(lp, o, a, m)
+    pad = lambda x, val: np.concatenate([x, np.full((1, T), val, np.float32)])
+    v, g = jax.value_and_grad(_scalar(name))(pad(lp, -1.0), pad(o, -2.0), pad(a, 5.0), pad(m, 0.0))
+    np.testing.assert_allclose(float(v), float(ref_v), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(g)[:B], np.asarray(ref_g), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_vmap_and_bf16(name):
+    x1, x2 = _inputs(3, seq_adv=name == "gmpo"), _inputs(4, seq_adv=name == "gmpo")
+    f = _scalar(name)
+    stacked = jax.vmap(f)(*[jnp.stack([u, w]) for u, w in zip(x1, x2)])
+    np.testing.assert_allclose(float(stacked[1]), float(f(*x2)), rtol=1e-5, atol=1e-6)
+    bf = [jnp.asarray(x, jnp.bfloat16) for x in x2]
+    v = f(*bf)
+    assert v.dtype == jnp.float32 and np.isfinite(float(v))
+    np.testing.assert_allclose(float(v), float(f(*x2)), atol=0.1)
+
+
+@pytest.mark.parametrize("name", ON_POLICY_PG)
+def test_on_policy_gradient_is_the_policy_gradient(name):
+    """At logp == old_logp every surrogate's gradient is -A grad(logp) (token-mean)."""
+    lp, _, a, m = _inputs(5, seq_adv=name in ("gmpo", "gspo_seq", "gspo_token"))
+    f = _scalar(name, "seq-mean-token-mean" if name in ("gmpo", "gspo_seq", "gspo_token") else "token-mean")
+    g = np.asarray(jax.grad(f)(lp, lp, a, m))
+    if name in ("gmpo", "gspo_seq", "gspo_token"):
+        n = m.sum(1, keepdims=True)
+        exp = -a * m / n / (m.sum(1) > 0).sum()
+    else:
+        exp = -a * m / m.sum()
+    if name == "dro":  # the quadratic penalty has zero gradient at ratio 1
+        pass
+    np.testing.assert_allclose(g, exp, rtol=1e-5, atol=1e-7)
+
+
+def test_ppo_hand_computed_with_dual_clip():
+    lp = np.log(np.array([[0.5, 0.5, 0.5, 0.5]], np.float32))
+    old = np.log(np.array([[0.25, 0.9, 0.05, 0.5]], np.float32))  # ratios 2, 0.556, 10, 1
+    a = np.array([[1.0, -1.0, -1.0, 2.0]], np.float32)
+    loss, met = P.ppo_clip_loss(lp, old, a, np.ones((1, 4)), clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    r = np.array([2.0, 0.5 / 0.9, 10.0, 1.0])
+    exp = [
+        max(-1 * r[0], -1 * 1.28),  # A>0, clipped at 1.28 -> -1.28
+        max(1 * r[1], 1 * 0.8),  # A<0, ratio < 0.8 -> 0.8
+        min(max(1 * r[2], 1 * 1.28), 3.0),  # A<0, ratio 10 -> dual clip 3
+        -2.0,
+    ]
+    np.testing.assert_allclose(np.asarray(loss)[0], exp, rtol=1e-5)
+    np.testing.assert_allclose(float(met["clip_frac"]), 0.5, rtol=1e-6)  # tokens 0 and 1 (pl2 > pl1)
+    np.testing.assert_allclose(float(met["clip_frac_lower"]), 0.25, rtol=1e-6)
+
+
+def test_gppo_forward_equals_clip_higher_ppo_and_keeps_clipped_gradients():
+    lp, o, a, m = _inputs(6)
+    o = (lp - np.random.default_rng(0).normal(0, 0.6, lp.shape)).astype(np.float32)
+    ppo = lambda x: P.ppo_clip_loss(x, o, a, m, clip_low=0.2, clip_high=0.28, dual_clip=3.0)[0]
+    gppo = lambda x: P.gppo_loss(x, o, a, m, clip_low=0.2, clip_high=0.28, dual_clip=3.0)[0]
+    np.testing.assert_allclose(np.asarray(gppo(lp)), np.asarray(ppo(lp)), rtol=1e-6, atol=1e-7)
+    r = np.exp(lp - o)
+    hi = (a > 0) & (r > 1.28) & (m > 0)
+    lo = (a < 0) & (r < 0.8) & (m > 0)
+    assert hi.any() and lo.any()
+    g_ppo = np.asarray(jax.grad(lambda x: jnp.sum(ppo(x)))(lp))
+    g_gppo = np.asarray(jax.grad(lambda x: jnp.sum(gppo(x)))(lp))
+    assert np.all(g_ppo[hi | lo] == 0)
+    np.testing.assert_allclose(g_gppo[hi], -a[hi] * 1.28, rtol=1e-5)
+    np.testing.assert_allclose(g_gppo[lo], -a[lo] * 0.8, rtol=1e-5)
+    rest = (m > 0) & ~hi & ~lo
+    np.testing.assert_allclose(g_gppo[rest], g_ppo[rest], rtol=1e-5, atol=1e-7)
+
+
+def test_gspo_token_equals_sequence_for_sequence_advantages():
+    lp, o, a, m = _inputs(7, seq_adv=True)
+    f = lambda v: lambda x: G.aggregate(P.gspo_loss(x, o, a, m, clip_low=0.1, clip_high=0.1, variant=v)[0],
+                                        m, "seq-mean-token-mean")
+    v1, g1 = jax.value_and_grad(f("token"))(lp)
+    v2, g2 = jax.value_and_grad(f("sequence"))(lp)
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-4, atol=1e-7)
+
+
+def test_clip_cov_drops_exactly_k_random_candidates():
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.uniform(0.05, 0.95, (16, 32))).astype(np.float32)
+    a = rng.normal(size=(16, 32)).astype(np.float32)
+    m = np.ones((16, 32), np.float32)
+    k = int(0.05 * m.sum())
+    drops = []
+    for seed in (0, 1):
+        _, met = P.clip_cov_loss(lp, lp, a, m, key=jax.random.key(seed), clip_cov_ratio=0.05,
+                                 clip_cov_lb=-1e9, clip_cov_ub=1e9)
+        drops.append(float(met["clip_frac"]) * m.sum())
+        loss, _ = P.clip_cov_loss(lp, lp, a, m, key=jax.random.key(seed), clip_cov_ratio=0.05,
+                                  clip_cov_lb=-1e9, clip_cov_ub=1e9)
+        assert int((np.asarray(loss) == 0).sum()) >= k
+    np.testing.assert_allclose(drops, [k, k])
+    l0 = P.clip_cov_loss(lp, lp, a, m, key=jax.random.key(0), clip_cov_ratio=0.05, clip_cov_lb=-1e9,
+                         clip_cov_ub=1e9)[0]
+    l1 = P.clip_cov_loss(lp, lp, a, m, key=jax.random.key(1), clip_cov_ratio=0.05, clip_cov_lb=-1e9,
+                         clip_cov_ub=1e9)[0]
+    assert not np.array_equal(np.asarray(l0) == 0, np.asarray(l1) == 0)  # different random tokens
+
+
+def test_kl_cov_penalises_top_covariance_tokens():
+    lp, o, a, m = _inputs(8)
+    loss, met = P.kl_cov_loss(lp, o, a, m, kl_cov_ratio=0.2, ppo_kl_coef=1.0)
+    base = -a * np.exp(lp - o)
+    diff = (np.asarray(loss) - base * m) * m
+    k = max(1, int(np.floor(m.sum() * 0.2)))
+    sel = np.abs(diff) > 1e-4
+    assert int(sel.sum()) == k
+    np.testing.assert_allclose(diff[sel], np.abs(lp - o)[sel], rtol=1e-4)
+
+
+def test_rollout_is_weights_truncate_and_icepop():
+    lp = np.log(np.array([[0.5, 0.5, 0.5]], np.float32))
+    roll = np.log(np.array([[0.1, 0.45, 0.9]], np.float32))  # ratios 5, 1.11, 0.556
+    m = np.ones((1, 3), np.float32)
+    w, _ = P.rollout_is_weights(lp, roll, m, upper=2.0)
+    np.testing.assert_allclose(np.asarray(w)[0], [2.0, 0.5 / 0.45, 0.5 / 0.9], rtol=1e-5)
+    w, _ = P.rollout_is_weights(lp, roll, m, upper=2.0, lower=0.6)
+    np.testing.assert_allclose(np.asarray(w)[0], [0.0, 0.5 / 0.45, 0.0], rtol=1e-5)
+    w, _ = P.rollout_is_weights(lp, roll, m, level="sequence", upper=10.0)
+    np.testing.assert_allclose(np.asarray(w)[0], [5 * (0.5 / 0.45) * (0.5 / 0.9)] * 3, rtol=1e-5)
+
+
+@given(st.floats(-3, 3), st.floats(-3, 3), st.floats(0.01, 0.5), st.floats(0.01, 0.5))
+def test_property_ppo_loss_is_pessimistic(log_ratio, adv, eps_low, eps_high):
+    """The clipped surrogate is never below the unclipped one (it is a lower bound of the
+    objective), and with the dual clip never above -c A for A < 0."""
+    lp = np.array([[-1.0]], np.float32)
+    old = (lp - np.float32(log_ratio)).astype(np.float32)
+    a = np.array([[adv]], np.float32)
+    loss, _ = P.ppo_clip_loss(lp, old, a, np.ones((1, 1)), clip_low=eps_low, clip_high=eps_high, dual_clip=None)
+    r = float(np.exp(lp - old)[0, 0])
+    assert float(loss[0, 0]) >= -adv * r - 1e-4 * (1 + abs(adv * r))
+
+
+def test_errors_name_the_argument():
+    lp, o, a, m = _inputs()
+    with pytest.raises(ValueError, match="'old_logp'"):
+        P.ppo_clip_loss(lp, o[:, :3], a, m)
+    with pytest.raises(ValueError, match="'dual_clip'"):
+        P.ppo_clip_loss(lp, o, a, m, dual_clip=0.5)
+    with pytest.raises(ValueError, match="'clip_low'"):
+        P.ppo_clip_loss(lp, o, a, m, clip_low=-0.1)
+    with pytest.raises(ValueError, match="'variant'"):
+        P.gspo_loss(lp, o, a, m, variant="x")
+    with pytest.raises(TypeError, match="'logp'"):
+        P.ppo_clip_loss(lp.astype(np.int32), o, a, m)
+    with pytest.raises(ValueError, match="'lower'"):
+        P.rollout_is_weights(lp, o, m, upper=1.0, lower=2.0)
+    with pytest.raises(ValueError, match="'mode'"):
+        P.rollout_rejection_mask(lp, o, m, mode="nope", upper=1.0)
