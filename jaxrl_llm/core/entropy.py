@@ -1,8 +1,9 @@
 """Token entropy and logprobs from logits, chunked over the sequence.
 
 ``[B, T, V]`` logits of a real vocabulary are large (8 x 4096 x 152k float32 is 20 GB); the
-functions here walk over the sequence in chunks of ``chunk_size`` positions with
-``lax.map``, upcasting only one ``[B, chunk, V]`` slice to float32 at a time. (The forward
+functions here walk over the sequence in chunks of ``chunk_size`` positions in a
+``fori_loop``, upcasting only one ``[B, chunk, V]`` slice to float32 at a time (the compiled
+temporary memory is measured in ``tests/core/test_kl_entropy_value.py``). (The forward
 pass in ``jaxrl_llm.models`` goes one step further and never materialises the logits.)
 """
 
@@ -24,14 +25,37 @@ def entropy_from_logits(logits: jnp.ndarray) -> jnp.ndarray:
     return lse - jnp.sum(p * z, axis=-1)
 
 
-def _chunks(x: jnp.ndarray, chunk: int):
-    b, t = x.shape[:2]
-    n = -(-t // chunk)
-    pad = n * chunk - t
-    if pad:
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-    x = x.reshape((b, n, chunk) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0), t
+def _map_chunks(fn, arrays, chunk: int, n_out: int):
+    """Apply ``fn`` to ``[B, c, ...]`` slices of ``arrays`` along axis 1 and stitch the ``[B, c]``
+    results back into ``n_out`` float32 ``[B, T]`` arrays.
+
+    Slices are taken from the original arrays with ``dynamic_slice`` inside a ``fori_loop``,
+    so no transposed or padded copy of the (large) input is made. When ``T`` is not a
+    multiple of ``chunk`` the last slice is shifted left to end at ``T`` and overlaps the
+    previous one (the overlap is recomputed identically).
+    """
+    arrays = [jnp.asarray(a) for a in arrays]
+    b, t = arrays[0].shape[:2]
+    c = min(chunk, t)
+    # 16-bit floats travel through the loop as their raw bits: XLA:CPU otherwise widens a
+    # bf16 loop operand to float32 as a whole (its float normalisation), i.e. a full copy.
+    dtypes = [a.dtype for a in arrays]
+    arrays = [jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype in (jnp.bfloat16, jnp.float16) else a
+              for a in arrays]
+    n = -(-t // c)
+    outs = tuple(jnp.zeros((b, t), jnp.float32) for _ in range(n_out))
+
+    def body(i, outs):
+        start = jnp.minimum(i * c, t - c)
+        # the barrier stops XLA from hoisting the float32 upcast of the whole input out of
+        # the loop (convert(slice(x)) -> slice(convert(x))), which would defeat the chunking
+        parts = jax.lax.optimization_barrier([jax.lax.dynamic_slice_in_dim(a, start, c, axis=1) for a in arrays])
+        parts = [jax.lax.bitcast_convert_type(p, d) if d in (jnp.bfloat16, jnp.float16) else p
+                 for p, d in zip(parts, dtypes)]
+        ys = fn(*parts)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(o, y, start, axis=1) for o, y in zip(outs, ys))
+
+    return jax.lax.fori_loop(0, n, body, outs)
 
 
 def chunked_entropy(logits: jnp.ndarray, chunk_size: int = 128) -> jnp.ndarray:
@@ -40,9 +64,9 @@ def chunked_entropy(logits: jnp.ndarray, chunk_size: int = 128) -> jnp.ndarray:
     Peak extra memory is one ``[B, chunk_size, V]`` float32 slice.
     """
     _checks.check_rank("logits", logits, 3)
-    xs, t = _chunks(logits, chunk_size)
-    ys = jax.lax.map(entropy_from_logits, xs)  # [n, B, chunk]
-    return jnp.moveaxis(ys, 0, 1).reshape(logits.shape[0], -1)[:, :t]
+    _checks.check_positive("chunk_size", chunk_size)
+    (ent,) = _map_chunks(lambda z: (entropy_from_logits(z),), (logits,), chunk_size, 1)
+    return ent
 
 
 def chunked_logprobs_and_entropy(logits: jnp.ndarray, tokens: jnp.ndarray, chunk_size: int = 128,
@@ -57,17 +81,13 @@ def chunked_logprobs_and_entropy(logits: jnp.ndarray, tokens: jnp.ndarray, chunk
     if tokens.shape != logits.shape[:2]:
         raise ValueError(f"argument 'tokens' must have shape {logits.shape[:2]} (logits' [B, T]), got {tokens.shape}")
     _checks.check_positive("temperature", temperature)
-    xs, t = _chunks(logits, chunk_size)
-    ts, _ = _chunks(tokens, chunk_size)
+    _checks.check_positive("chunk_size", chunk_size)
 
-    def one(args):
-        z, tok = args
+    def one(z, tok):
         z = z.astype(jnp.float32) / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
         picked = jnp.take_along_axis(z, tok[..., None], axis=-1)[..., 0]
         p = jnp.exp(z - lse[..., None])
         return picked - lse, lse - jnp.sum(p * z, axis=-1)
 
-    lp, ent = jax.lax.map(one, (xs, ts))
-    b = logits.shape[0]
-    return (jnp.moveaxis(lp, 0, 1).reshape(b, -1)[:, :t], jnp.moveaxis(ent, 0, 1).reshape(b, -1)[:, :t])
+    return _map_chunks(one, (logits, tokens), chunk_size, 2)

@@ -104,8 +104,8 @@ def _lengths(batch: int, chosen_lengths: Any, rejected_lengths: Any, *, required
     _checks.check_seq_args(batch, chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
     out = []
     for name, x in (("chosen_lengths", chosen_lengths), ("rejected_lengths", rejected_lengths)):
-        kind = jnp.dtype(x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype).kind
-        if kind not in ("i", "u", "f"):
+        dt = x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
+        if not (jnp.issubdtype(dt, jnp.integer) or jnp.issubdtype(dt, jnp.floating)):
             raise TypeError(f"argument '{name}' must be an integer or float array of token counts")
         # TRL clamps the token count at 1 (``mask.sum(1).clamp(min=1.0)``).
         out.append(jnp.maximum(_checks.as_float(x), 1.0))

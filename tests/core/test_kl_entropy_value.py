@@ -113,3 +113,19 @@ def test_value_loss_masked_row_zero_grad():
     m = np.array([[1, 1, 1], [0, 0, 0]], np.float32)
     g = jax.grad(lambda x: jnp.sum(V.clipped_value_loss(x, v * 0, v * 3, m)[0]))(v)
     assert np.all(np.asarray(g)[1] == 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_chunked_entropy_never_holds_a_full_float32_copy(dtype):
+    """Compiled temporary memory (XLA's own memory analysis) stays below one float32
+    [B, T, V] copy: chunking really bounds the working set."""
+    b, t, v, chunk = 2, 256, 4096, 32
+    full_f32 = b * t * v * 4
+    x = jax.ShapeDtypeStruct((b, t, v), dtype)
+    tok = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    for f, args in [(lambda z: E.chunked_entropy(z, chunk), (x,)),
+                    (lambda z, k: E.chunked_logprobs_and_entropy(z, k, chunk), (x, tok))]:
+        temp = jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+        # float32 input: one [B, chunk, V] slice; bf16: XLA:CPU also keeps a bf16-sized buffer
+        bound = full_f32 // 4 if dtype == jnp.float32 else 3 * full_f32 // 4
+        assert temp < bound, (dtype, temp, full_f32)
