@@ -283,6 +283,10 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, key: jax.Array, clip_low:
 
     Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", arXiv:2505.22617 (defaults r = 2e-4, lb = 1, ub = 5).
+
+    The means in ``cov`` and the count ``N`` are statistics of the arrays passed in (one
+    micro-batch, as in verl), so unlike the sequence-local losses this one is not invariant
+    to how a batch is split into micro-batches.
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high)
@@ -319,7 +323,8 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     unspecified).
 
     Paper: Cui et al., arXiv:2505.22617 (r = 2e-4). ``ppo_kl_coef`` default 1 as the
-    function docs of verl (its config default is 0.1).
+    function docs of verl (its config default is 0.1). Like :func:`clip_cov_loss`, the
+    covariance and top-k use the statistics of the arrays passed in (per micro-batch).
     """
     _checks.check_positive("kl_cov_ratio", kl_cov_ratio)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)

@@ -71,7 +71,7 @@ def case(cid, ours, **c):
 
 # ---------------------------------------------------------------- advantages
 for seed, kind in itertools.product([0, 1], ["binary", "cont"]):
-    d = _batch(seed)
+    d = _batch(seed, empty_row=seed == 1)  # seed 1: row 3 has no response token at all
     s = d["scores"] if kind == "binary" else d["cont"]
     m, gid, ng = d["mask"], d["gid"], d["ng"]
     tr = _token_rewards(s, m)
