@@ -26,14 +26,13 @@ Tensors are float64, the completion / tool masks int64 as in TRL.
 
 from __future__ import annotations
 
-import pickle
-import sys
 import types
 import warnings
 from collections import defaultdict
 
 import numpy as np
 import torch
+from oracle_io import serve
 
 warnings.filterwarnings("ignore")
 
@@ -125,16 +124,7 @@ def run(c):
 
 
 def main():
-    with open(sys.argv[1], "rb") as f:
-        cases = pickle.load(f)
-    out = {}
-    for c in cases:
-        try:
-            out[c["id"]] = run(c)
-        except Exception as e:  # reported per case; the test fails on it with this message
-            out[c["id"]] = {"error": f"{type(e).__name__}: {e}"}
-    with open(sys.argv[2], "wb") as f:
-        pickle.dump(out, f)
+    serve(run)
 
 
 if __name__ == "__main__":

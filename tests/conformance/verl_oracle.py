@@ -8,12 +8,11 @@ Torch runs in float64 so that differences measure our float32 implementation.
 
 from __future__ import annotations
 
-import pickle
-import sys
 import types
 
 import numpy as np
 import torch
+from oracle_io import serve
 
 from verl.trainer.ppo import core_algos as ca
 from verl.trainer.ppo import rollout_corr_helper as rc
@@ -141,16 +140,7 @@ def run(c):
 
 def main():
     torch.set_default_dtype(torch.float64)
-    with open(sys.argv[1], "rb") as f:
-        cases = pickle.load(f)
-    out = {}
-    for c in cases:
-        try:
-            out[c["id"]] = run(c)
-        except Exception as e:  # reported per case; the test fails on it with this message
-            out[c["id"]] = {"error": f"{type(e).__name__}: {e}"}
-    with open(sys.argv[2], "wb") as f:
-        pickle.dump(out, f)
+    serve(run)
 
 
 if __name__ == "__main__":
