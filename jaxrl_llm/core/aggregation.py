@@ -20,9 +20,12 @@ mode                        sum                                         weight
 
 ``horizon`` defaults to ``T`` (verl's default ``loss_scale_factor``); pass the maximum
 response length as a constant to keep it fixed across batches (Dr.GRPO, arXiv:2503.20783).
-Fully masked sequences count in no mode. Differences from verl: verl's
-``seq-mean-token-mean`` divides by ``n_i + 1e-8`` (we divide by ``n_i``, relative difference
-< 1e-8); TRL's ``dr_grpo`` divides by all ``B`` rows rather than the rows with a token.
+Fully masked sequences count in no mode. TRL 1.16's ``luspo`` loss type is
+``seq-mean-token-sum``. Differences: verl's ``seq-mean-token-mean`` divides by
+``n_i + 1e-8`` (we divide by ``n_i``, relative difference < 1e-8); TRL's ``grpo``, ``sapo``,
+``dr_grpo`` and ``luspo`` divide by all ``B`` rows, including rows whose mask is empty (e.g.
+``mask_truncated_completions``), where we divide by the rows that have a token; with no empty
+row they agree (``tests/conformance/test_trl_grpo.py`` pins both cases).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "kl_penalty",
     "kl_in_reward",
+    "kl_importance_weight",
     "KLControllerState",
     "fixed_kl_controller",
     "adaptive_kl_controller",
@@ -86,6 +87,35 @@ def kl_in_reward(token_scores: jnp.ndarray, old_logp: jnp.ndarray, ref_logp: jnp
     m = _checks.as_mask(mask)
     kl = jax.lax.stop_gradient(kl_penalty(old_logp, ref_logp, kind)) * m
     return _checks.as_float(token_scores) - coef * kl, kl
+
+
+def kl_importance_weight(logp: jnp.ndarray, old_logp: jnp.ndarray, mask: jnp.ndarray,
+                         level: str = "token") -> jnp.ndarray:
+    """Importance weight that makes an off-policy KL estimate unbiased for the current policy.
+
+    The tokens of a PPO mini-batch after the first were sampled from ``pi_old``, so the
+    sample mean of ``kl_penalty(logp, ref)`` estimates the KL of ``pi_old``, not of
+    ``pi_theta``. Multiplying each estimate by ``w = exp(logp - old_logp)`` (``level=
+    "token"``) or by ``exp`` of the masked mean of that log-ratio over the response
+    (``"sequence"``, for sequence-level ratios as in GSPO) corrects it. The weight is
+    differentiable in ``logp``, so it changes the KL gradient even on-policy where its value
+    is 1: with ``k3`` the gradient becomes the unbiased reverse-KL gradient (token level).
+    Use: ``kl = kl_penalty(logp, ref, "k3") * kl_importance_weight(logp, old, mask)``.
+
+    This is TRL's ``use_bias_correction_kl`` (its default; tested against TRL 1.16); the
+    correction is described in the DeepSeek-V3.2 paper, arXiv:2512.02556.
+
+    Returns:
+      ``[B, T]`` float32 weights (1 where ``logp == old_logp``).
+    """
+    _checks.check_choice("level", level, ("token", "sequence"))
+    _checks.check_token_args(logp=logp, old_logp=old_logp, mask=mask)
+    lr = _checks.as_float(logp) - jax.lax.stop_gradient(_checks.as_float(old_logp))
+    if level == "sequence":
+        m = _checks.as_mask(mask)
+        n = jnp.maximum(jnp.sum(m, -1, keepdims=True), 1.0)
+        lr = jnp.broadcast_to(jnp.sum(lr * m, -1, keepdims=True) / n, lr.shape)
+    return jnp.exp(jnp.clip(lr, -20.0, 20.0))
 
 
 class KLControllerState(NamedTuple):

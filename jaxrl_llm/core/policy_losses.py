@@ -117,6 +117,10 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
     dual clip: Ye et al., "Mastering Complex Control in MOBA Games with Deep RL",
     arXiv:1912.09729; clip-higher (eps_low 0.2, eps_high 0.28): Yu et al., "DAPO",
     arXiv:2503.14476. verl ``vanilla`` (the log-ratio clamp at +-20 is verl's).
+    TRL 1.16: ``epsilon``/``epsilon_high`` are ``clip_low``/``clip_high``; TRL has no dual clip
+    by default (pass ``dual_clip=None``); its ``delta`` equals ``dual_clip=delta`` when
+    ``delta >= 1 + clip_high`` (TRL's recommendation) -- below that TRL caps the ratio of
+    positive-advantage tokens at ``delta`` instead.
 
     Args:
       logp, old_logp, advantages, mask: ``[B, T]``.

@@ -13,20 +13,25 @@ Mapping (TRL ``loss_type`` -> our aggregation; ``epsilon``/``epsilon_high`` -> `
   (TRL's global normaliser ``num_items_in_batch`` is the local token count in one process with
   one accumulation step); ``dr_grpo`` -> ``seq-mean-token-sum-norm`` with ``horizon =
   max_completion_length`` (TRL divides by all ``B`` rows; no row here is fully masked);
-  ``luspo`` -> ``seq-mean-token-sum``. Policy term: ``ppo_clip_loss(dual_clip=None)``, or
-  ``dual_clip=delta`` for TRL's two-sided clipping ``delta`` (equal when ``delta > 1 +
-  epsilon_high``, TRL's recommendation); with ``importance_sampling_level="sequence"`` (GSPO,
-  LUSPO) ``gspo_loss(variant="sequence")``.
+  ``luspo`` -> ``seq-mean-token-sum``. Policy term: ``ppo_clip_loss(dual_clip=None)`` (TRL's
+  default ``delta=None``; note our default is ``dual_clip=3.0``), or ``dual_clip=delta`` for
+  TRL's two-sided clipping ``delta``. These agree for ``delta >= 1 + epsilon_high`` (TRL's
+  recommendation; tested at 1.3 and 1.45 with ``epsilon_high = 0.28``). Below that they differ:
+  TRL clamps the ratio at ``delta`` before the PPO ``min``, which then caps positive-advantage
+  ratios at ``delta`` and never binds for negative advantages, while our dual clip caps the
+  negative-advantage loss at ``-delta A`` and leaves positive advantages alone. With
+  ``importance_sampling_level="sequence"`` (GSPO, LUSPO): ``gspo_loss(variant="sequence")``.
 * ``cispo`` -> ``cispo_loss(clip_low=1.0, clip_high=epsilon_high - 1)`` + ``token-mean``: TRL's
   ``epsilon_high`` is the absolute cap of the ratio (``clamp(ratio, max=epsilon_high)``, no
   lower bound), so it needs ``epsilon_high >= 1``.
 * ``sapo`` -> ``sapo_loss(tau_pos, tau_neg)`` + ``seq-mean-token-mean``.
 * KL (``beta > 0``): ``beta * kl_penalty(logp, ref, "k3")`` added per token before aggregation;
-  with ``use_bias_correction_kl=True`` (TRL's default) the KL term is multiplied by the
-  differentiable ratio ``exp(logp - old)`` (sequence level: ``exp`` of its masked mean), written
-  here in one line since the library has no helper for it. Our ``k3`` clamps ``ref - logp`` to
+  with ``use_bias_correction_kl=True`` (TRL's default) the KL term is multiplied by
+  ``kl_importance_weight(logp, old, mask, level)`` (the differentiable ratio ``exp(logp - old)``;
+  sequence level: ``exp`` of its masked mean). Our ``k3`` clamps ``ref - logp`` to
   ``[-20, 20]`` and the value to ``[-10, 10]`` (verl); the inputs keep ``|ref - logp| <= 2``
-  (value <= 6.4), inside the unclamped range, where TRL's unclamped estimator is the same.
+  (value <= e^2 - 3 = 4.4), inside the unclamped range, where TRL's unclamped estimator is the
+  same.
 * vLLM importance-sampling correction (``importance_sampling_ratio`` in the batch) ->
   ``is_weights``. TRL computes the ratio inline in ``_generate_and_score_completions``; the
   test builds it with our ``rollout_is_weights`` and hands the same array to both sides, so
@@ -36,6 +41,14 @@ Mapping (TRL ``loss_type`` -> our aggregation; ``epsilon``/``epsilon_high`` -> `
   passed as ``is_weights`` (TRL multiplies the policy term, not the KL, and keeps the
   normaliser).
 * ``trl.experimental.gmpo.GMPOTrainer`` -> ``gmpo_loss`` + ``seq-mean-token-mean``.
+
+Inputs: ``B = 12``, ``T = 9``, ragged prefix masks with a length-1 and a full row, a row with
+TRL ``tool_mask`` holes (seed 1), one zero advantage, old log-probs = log-probs + N(0, 0.3)
+noise (about 10-20% of the tokens are clipped), on-policy batches (no ``old_per_token_logps``:
+TRL uses ``logp.detach()``), ``(B,)`` and ``(B, T)`` advantages. A fully masked row (TRL's
+``mask_truncated_completions``) is tested separately: TRL's ``grpo``/``sapo``/``dr_grpo``/
+``luspo`` divide by all ``B`` rows, ours by the rows with a token, so they differ by exactly
+that factor.
 
 Not covered: ``vespo`` (no equivalent in the library), ``delta`` with
 ``importance_sampling_level="sequence"`` (``gspo_loss`` has no dual clip), ``cispo``/``sapo``
@@ -93,6 +106,7 @@ def _batch(seed: int, holes: bool):
 
 
 DATA = {seed: _batch(seed, holes=seed == 1) for seed in (0, 1)}
+DATA["empty"] = dict(DATA[0], completion_mask=DATA[0]["completion_mask"] * (np.arange(B) != 3)[:, None])
 for _d in DATA.values():
     assert np.abs(_d["ref"] - _d["logp"]).max() <= 2.0 + 1e-6
 
@@ -119,7 +133,7 @@ BETAS = [(0.0, False), (0.04, False), (0.04, True)]  # (beta, use_bias_correctio
 for seed in (0, 1):
     for lt, eps, (beta, bias) in itertools.product(PPO_TYPES, [(0.2, 0.2), (0.2, 0.28)], BETAS):
         case(f"{lt}-{seed}-eps{eps[1]}-b{beta}-bias{bias}", seed, loss_type=lt, eps=eps, beta=beta, bias_kl=bias)
-    for lt, delta, (beta, bias) in itertools.product(("grpo", "dapo"), (1.3, 1.6), [BETAS[0], BETAS[2]]):
+    for lt, delta, (beta, bias) in itertools.product(("grpo", "dapo"), (1.3, 1.45), [BETAS[0], BETAS[2]]):
         case(f"{lt}-{seed}-delta{delta}-b{beta}", seed, loss_type=lt, eps=(0.2, 0.28), delta=delta, beta=beta,
              bias_kl=bias)
     for lt, (beta, bias) in itertools.product(("grpo", "dapo"), BETAS):
@@ -138,7 +152,7 @@ for seed in (0, 1):
         case(f"sapo-{seed}-tau{taus}-b{beta}-bias{bias}", seed, loss_type="sapo", tau_pos=taus[0],
              tau_neg=taus[1], beta=beta, bias_kl=bias)
     for lt in ("grpo", "dapo"):
-        case(f"opsm-{lt}-{seed}", seed, loss_type=lt, opsm=0.03, beta=0.04, bias_kl=True)
+        case(f"opsm-{lt}-{seed}", seed, loss_type=lt, opsm=0.02, beta=0.04, bias_kl=True)
     # vLLM importance-sampling correction: (loss_type, level, TRL vllm_importance_sampling_mode)
     for lt, level, (is_level, lo, up) in [
             ("grpo", "token", ("token", None, 1.2)),         # token_truncate
@@ -155,6 +169,14 @@ for seed in (0, 1):
              eps=(0.2, 1.5) if lt == "cispo" else (0.2, 0.28), is_ratio=is_ratio, beta=0.04, bias_kl=True)
     for eps, beta in itertools.product([(0.4, 0.4), (0.1, 0.15)], (0.0, 0.04)):
         case(f"gmpo-{seed}-eps{eps}-b{beta}", seed, trainer="gmpo", eps=eps, beta=beta)
+
+
+# A fully masked row (e.g. TRL's mask_truncated_completions): TRL's per-sequence means divide by
+# all B rows, ours by the rows with a token (documented in aggregation.py for dr_grpo).
+EMPTY_CASES = []
+for lt in ("grpo", "sapo", "dr_grpo", "luspo", "bnpo", "dapo", "cispo"):
+    case(f"empty-{lt}", "empty", loss_type=lt, eps=(0.2, 1.28 if lt == "cispo" else 0.28), beta=0.04, bias_kl=True)
+    EMPTY_CASES.append(CASES.pop())
 
 
 def ours(c, lp):
@@ -180,7 +202,8 @@ def ours(c, lp):
     elif lt == "cispo":
         pg, met = P.cispo_loss(lp, old, adv, m, clip_low=1.0, clip_high=eh - 1.0, is_weights=w)
     elif lt == "sapo":
-        pg, met = P.sapo_loss(lp, old, adv, m, tau_pos=c["tau_pos"], tau_neg=c["tau_neg"], is_weights=w)
+        pg, met = P.sapo_loss(lp, old, adv, m, tau_pos=c.get("tau_pos", 1.0),
+                               tau_neg=c.get("tau_neg", 1.05), is_weights=w)
     elif level == "sequence":
         pg, met = P.gspo_loss(lp, old, adv, m, clip_low=el, clip_high=eh, variant="sequence", is_weights=w)
     else:
@@ -190,10 +213,7 @@ def ours(c, lp):
     if c["beta"]:
         kl = K.kl_penalty(lp, c["ref"], "k3")
         if c.get("bias_kl") and c["trainer"] == "grpo":  # TRL's use_bias_correction_kl: KL * ratio
-            log_ratio = lp - jax.lax.stop_gradient(old)
-            if level == "sequence":
-                log_ratio = (jnp.sum(log_ratio * m, -1, keepdims=True) / jnp.maximum(jnp.sum(m, -1, keepdims=True), 1.0))
-            kl = kl * jnp.exp(log_ratio)
+            kl = kl * K.kl_importance_weight(lp, old, m, level=level)
         total = pg + c["beta"] * kl
         aux["kl"] = masked_mean(kl, m)
     horizon = c["max_completion_length"] if lt == "dr_grpo" else None
@@ -202,7 +222,7 @@ def ours(c, lp):
 
 @pytest.fixture(scope="module")
 def oracle():
-    return run_oracle("trl_grpo_oracle.py", CASES)
+    return run_oracle("trl_grpo_oracle.py", CASES + EMPTY_CASES)
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c["id"] for c in CASES])
@@ -218,8 +238,9 @@ def test_loss_and_grad_match_trl(oracle, c):
         np.testing.assert_allclose(float(aux["kl"]), ref["metrics"]["kl"], **TOL)
 
 
-def test_cases_exercise_clipping_and_masking(oracle):
-    """Guard against vacuous parity: clipping, the dual clip and OPSM must actually fire."""
+def test_cases_exercise_clipping_and_masking():
+    """Guard against vacuous parity: clipping, the dual clip and OPSM must actually fire, and no
+    sequence KL sits so close to the OPSM threshold that float32 could flip the decision."""
     def frac(c):
         return float(ours(c, jnp.asarray(c["logp"]))[1]["clip_frac"])
     by_id = {c["id"]: c for c in CASES}
@@ -227,9 +248,26 @@ def test_cases_exercise_clipping_and_masking(oracle):
     for s in (0, 1):  # ratios beyond delta with negative advantages exist
         d = DATA[s]
         r = np.exp(d["logp"] - d["old"]) * np.asarray(_mask(d))
-        assert ((r > 1.6) & (d["advantages"][:, None] < 0)).sum() >= 2
+        assert ((r > 1.45) & (d["advantages"][:, None] < 0)).sum() >= 2
         c = by_id[f"opsm-grpo-{s}"]
         keep, _ = P.rollout_rejection_mask(c["logp"], c["old"], _mask(c), mode="seq_mean_k1",
                                            upper=math.exp(c["opsm"]), lower=1e-30)
         dropped = (np.asarray(keep).sum(-1) == 0) & (d["advantages"] < 0)
         assert dropped.sum() >= 1
+        m = np.asarray(_mask(d), np.float64)
+        seq_kl = ((d["old"] - d["logp"]) * m).sum(-1) / m.sum(-1)
+        assert np.abs(seq_kl - c["opsm"]).min() > 1e-4
+        assert ((seq_kl > c["opsm"]) & (d["advantages"] >= 0)).any()  # kept only by the A >= 0 gate
+
+
+@pytest.mark.parametrize("c", EMPTY_CASES, ids=[c["id"] for c in EMPTY_CASES])
+def test_all_masked_row_differs_only_by_row_count(oracle, c):
+    """TRL's grpo/sapo/dr_grpo/luspo = ours * (rows with a token) / B; token-mean types agree."""
+    ref = oracle[c["id"]]
+    assert "error" not in ref, ref.get("error")
+    (val, _), grad = jax.value_and_grad(lambda lp: ours(c, lp), has_aux=True)(jnp.asarray(c["logp"]))
+    rows = float((c["completion_mask"].sum(-1) > 0).sum())
+    scale = rows / B if AGG_OF[c["loss_type"]].startswith("seq-mean") else 1.0
+    assert rows == B - 1
+    np.testing.assert_allclose(float(val) * scale, ref["loss"], **TOL)
+    np.testing.assert_allclose(np.asarray(grad) * scale, ref["grad"], **TOL)

@@ -79,6 +79,8 @@ R = {
     # kl
     "kl_penalty": (lambda a, b: C.kl_penalty(a, b, "k3+"), lambda s: [_lp(s), _lp(s + 1)], None),
     "kl_in_reward": (lambda r, o, ref, m: C.kl_in_reward(r, o, ref, m, 0.1), lambda s: [_n(s, (B, T)), _lp(s), _lp(s + 1), _mask(s)], 3),
+    "kl_importance_weight": (lambda a, b, m: C.kl_importance_weight(a, b, m, "sequence"),
+                             lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2),
     "fixed_kl_controller": (lambda kl: C.fixed_kl_controller(0.1).update(C.fixed_kl_controller(0.1).init(), kl, 4),
                             lambda s: [np.float32(0.05 * s)], None),
     "adaptive_kl_controller": (lambda kl: C.adaptive_kl_controller(0.1, 0.05, 100).update(
