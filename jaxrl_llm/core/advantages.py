@@ -37,6 +37,7 @@ __all__ = [
     "lite_ppo_advantages",
     "bnpo_advantages",
     "ngrpo_advantages",
+    "optimal_token_baseline_advantages",
 ]
 
 
@@ -435,3 +436,109 @@ def ngrpo_advantages(scores, mask, group_ids, num_groups, *, r_max: float = 1.0,
     ss = group_sum(jnp.square(dev), group_ids, num_groups) + jnp.square(r_max - mean)
     std = jnp.sqrt(ss / jnp.maximum(cnt - 1.0, 1.0))
     return _broadcast((s - mean[group_ids]) / (std[group_ids] + epsilon), m, v)
+
+
+def _compact_responses(mask: jnp.ndarray, *xs: jnp.ndarray):
+    """Move each row's response tokens to the front: slot ``k`` holds the ``k``-th token with
+    ``mask > 0``. Returns ``(compact mask, compact xs, slot index [B, T])`` where the slot index
+    maps every original position back to its slot (clipped; only meaningful under the mask)."""
+    b, t = mask.shape
+    slot = jnp.cumsum((mask > 0).astype(jnp.int32), axis=1) - 1
+    target = jnp.where(mask > 0, slot, t)  # out of range: dropped
+    rows = jnp.arange(b)[:, None]
+    compact = [jnp.zeros_like(x).at[rows, target].set(x, mode="drop") for x in xs]
+    n = jnp.sum(mask > 0, axis=1)
+    cmask = (jnp.arange(t)[None] < n[:, None]).astype(mask.dtype)
+    return cmask, compact, jnp.clip(slot, 0, t - 1)
+
+
+def optimal_token_baseline_advantages(token_rewards: jnp.ndarray, old_logp: jnp.ndarray,
+                                      sum_pi_squared: jnp.ndarray, mask: jnp.ndarray,
+                                      group_ids: jnp.ndarray, num_groups: int, *,
+                                      is_weights: jnp.ndarray | None = None, align: str = "position",
+                                      handle_zero_tail: bool = True, epsilon: float = 1e-8,
+                                      valid: jnp.ndarray | None = None
+                                      ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Optimal Token Baseline (OTB): a per-token group baseline weighted by path variance.
+
+    With returns ``G_t = sum_{s >= t} r_s`` (undiscounted reward-to-go over response tokens)
+    and the logit-gradient proxy of the squared score norm of token ``t``,
+    ``w_t = ||e_{y_t} - pi_t||^2 = 1 - 2 pi(y_t) + sum_v pi(v)^2`` (times ``rho_t^2`` when
+    truncated importance weights ``is_weights`` are given), the cumulative path variance is
+    ``W_t = sum_{j <= t} w_j`` and the baseline of step ``t`` in group ``g`` is
+    ``B_t = sum_{i in g} G_{i,t} W_{i,t} / (sum_{i in g} W_{i,t} + epsilon)``;
+    ``A_{i,t} = G_{i,t} - B_t``. A group with one (non-empty) response gets ``B = 0``.
+    ``handle_zero_tail``: when a single response of a group is strictly the longest, its
+    baseline is 0 from the second-longest length on (no other sample estimates it there).
+
+    ``align`` says which tokens share a baseline: ``"position"`` (verl's
+    ``optimal_token_baseline``) compares tokens at the same index ``t`` of the ``[B, T]``
+    layout; ``"response"`` (verl's ``tir_optimal_token_baseline``, for multi-turn / tool-
+    integrated episodes whose masks have holes) compares the ``k``-th *response* token of
+    each sample, skipping masked positions. They coincide for prefix masks.
+
+    Paper: Li et al., "The Optimal Token Baseline: Variance Reduction for Long-Horizon
+    LLM-RL", arXiv:2602.07078 (formula and defaults from verl 0.9.1, which the authors
+    contributed; ``sum_pi_squared`` from :func:`jaxrl_llm.core.entropy.chunked_sum_pi_squared`
+    of the temperature-scaled logits of the policy that sampled).
+
+    Difference from verl (deliberate, documented): rows with no response token (or with
+    ``valid = 0``) are not members of their group. verl's ``"position"`` variant counts them,
+    which only matters with ``handle_zero_tail=False`` for a group with exactly one non-empty
+    response: verl uses that response's own return as its baseline (advantage ~0), we treat it
+    as a one-sample group (advantage = return), as verl's ``"response"`` variant does.
+
+    Args:
+      token_rewards: ``[B, T]`` per-token rewards (outcome reward on the last token).
+      old_logp: ``[B, T]`` log-probs of the sampled tokens under the sampling policy.
+      sum_pi_squared: ``[B, T]`` ``sum_v pi(v)^2`` of that policy at each position.
+      mask: ``[B, T]`` response mask. group_ids: ``[B]`` int; num_groups: static.
+      is_weights: optional ``[B, T]`` truncated IS weights ``rho``; ``W`` uses ``rho^2``.
+      align: ``"position"`` or ``"response"``. handle_zero_tail: see above (verl default True).
+      epsilon: added to the denominator (verl 1e-8). valid: optional ``[B]`` row mask.
+
+    Returns:
+      ``(advantages [B, T], returns [B, T])``, zero outside the mask; no gradient.
+    """
+    _checks.check_choice("align", align, ("position", "response"))
+    b, t = _checks.check_token_args(token_rewards=token_rewards, old_logp=old_logp,
+                                     sum_pi_squared=sum_pi_squared, mask=mask)
+    if is_weights is not None:
+        _checks.check_token_args(mask=mask, is_weights=is_weights)
+    _checks.check_seq_args(b, valid=valid)
+    _checks.check_groups(group_ids, num_groups, b)
+    _check_concrete_ids(group_ids, num_groups)
+    r = _checks.as_float(token_rewards)
+    m = _checks.as_mask(mask, r.dtype)
+    w = 1.0 - 2.0 * jnp.exp(_checks.as_float(old_logp)) + _checks.as_float(sum_pi_squared)
+    if is_weights is not None:
+        w = w * jnp.square(_checks.as_float(is_weights))
+    v = jnp.ones((b,), r.dtype) if valid is None else _checks.as_mask(valid, r.dtype)
+    orig_m = m
+    if align == "response":
+        m, (r, w), slot = _compact_responses(m, r, w)
+    ret = jnp.cumsum((r * m)[:, ::-1], axis=1)[:, ::-1]
+    cum_w = jnp.cumsum(w * m, axis=1)
+    n = jnp.sum(m, axis=1)
+    member = (v > 0) & (n > 0)
+    mw = cum_w * m * member[:, None]
+    num = jax.ops.segment_sum(ret * mw, group_ids, num_segments=num_groups)  # [NG, T]
+    den = jax.ops.segment_sum(mw, group_ids, num_segments=num_groups) + epsilon
+    cnt = group_sum(member.astype(r.dtype), group_ids, num_groups)[group_ids]
+    base = jnp.where((cnt > 1)[:, None], (num / den)[group_ids], 0.0)
+    if handle_zero_tail:
+        n_m = jnp.where(member, n, -1.0)
+        longest = jax.ops.segment_max(n_m, group_ids, num_segments=num_groups)[group_ids]
+        is_max = member & (n == longest)
+        n_at_max = group_sum(is_max.astype(r.dtype), group_ids, num_groups)[group_ids]
+        second = jax.ops.segment_max(jnp.where(member & ~is_max, n, 0.0), group_ids,
+                                     num_segments=num_groups)[group_ids]
+        tail_row = is_max & (n_at_max == 1) & (cnt > 1)
+        tail = tail_row[:, None] & (jnp.arange(t)[None] >= second[:, None])
+        base = jnp.where(tail, 0.0, base)
+    adv = ret - base
+    if align == "response":
+        back = lambda x: jnp.take_along_axis(x, slot, axis=1)  # noqa: E731
+        adv, ret = back(adv), back(ret)
+    keep = orig_m * v[:, None]
+    return jax.lax.stop_gradient(adv * keep), jax.lax.stop_gradient(ret * keep)

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks
 
-__all__ = ["entropy_from_logits", "chunked_entropy", "chunked_logprobs_and_entropy"]
+__all__ = ["entropy_from_logits", "sum_pi_squared_from_logits", "chunked_entropy", "chunked_sum_pi_squared",
+           "chunked_logprobs_and_entropy"]
 
 
 def entropy_from_logits(logits: jnp.ndarray) -> jnp.ndarray:
@@ -23,6 +24,18 @@ def entropy_from_logits(logits: jnp.ndarray) -> jnp.ndarray:
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jnp.exp(z - lse[..., None])
     return lse - jnp.sum(p * z, axis=-1)
+
+
+def sum_pi_squared_from_logits(logits: jnp.ndarray, temperature: float = 1.0) -> jnp.ndarray:
+    """Collision probability ``sum_v softmax(z / temperature)_v^2`` over the last axis, float32.
+
+    Computed stably as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (verl's
+    ``calculate_sum_pi_squared_from_logits``). It is the ``sum pi^2`` term of the Optimal
+    Token Baseline's gradient-norm proxy (:func:`~jaxrl_llm.core.advantages.optimal_token_baseline_advantages`).
+    """
+    _checks.check_positive("temperature", temperature)
+    z = logits.astype(jnp.float32) / temperature
+    return jnp.exp(jax.nn.logsumexp(2.0 * z, axis=-1) - 2.0 * jax.nn.logsumexp(z, axis=-1))
 
 
 def _map_chunks(fn, arrays, chunk: int, n_out: int):
@@ -67,6 +80,18 @@ def chunked_entropy(logits: jnp.ndarray, chunk_size: int = 128) -> jnp.ndarray:
     _checks.check_positive("chunk_size", chunk_size)
     (ent,) = _map_chunks(lambda z: (entropy_from_logits(z),), (logits,), chunk_size, 1)
     return ent
+
+
+def chunked_sum_pi_squared(logits: jnp.ndarray, chunk_size: int = 128, temperature: float = 1.0) -> jnp.ndarray:
+    """Per-token ``sum_v pi(v)^2`` ``[B, T]`` of ``[B, T, V]`` logits, float32, chunked over ``T``.
+
+    Peak extra memory is one ``[B, chunk_size, V]`` float32 slice.
+    """
+    _checks.check_rank("logits", logits, 3)
+    _checks.check_positive("chunk_size", chunk_size)
+    _checks.check_positive("temperature", temperature)
+    (out,) = _map_chunks(lambda z: (sum_pi_squared_from_logits(z, temperature),), (logits,), chunk_size, 1)
+    return out
 
 
 def chunked_logprobs_and_entropy(logits: jnp.ndarray, tokens: jnp.ndarray, chunk_size: int = 128,

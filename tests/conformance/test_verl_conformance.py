@@ -128,12 +128,64 @@ for seed, kind in itertools.product([0, 1], ["binary", "cont"]):
          tensors={"token_level_rewards": rand_tr, "reward_baselines": bl, "response_mask": m})
 
 
+# Optimal Token Baseline: both verl variants, on a batch built so that every branch fires: a
+# group whose longest response is unique (zero tail), one with a tie for the longest, a
+# singleton group, masks with holes, an all-masked row (seed 1), truncated IS weights.
+def _otb_batch(seed: int):
+    rng = np.random.default_rng(100 + seed)
+    gid = np.array([0, 1, 2, 0, 1, 2, 0, 3, 2, 1, 3, 4], np.int32)  # shuffled groups, group 4 singleton
+    lengths = np.array([9, 4, 2, 5, 4, 7, 3, 1, 6, 2, 8, 5])  # g0: unique max 9; g1: tie at 4
+    mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    mask[2, 1] = 0.0  # holes (tool / observation tokens)
+    mask[5, 3:5] = 0.0
+    if seed == 1:
+        mask[3] = 0.0  # a row with no response token
+    logits = rng.normal(0, 2, (B, T, 11)).astype(np.float32)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    tok = np.array([[rng.choice(11, p=p[i, j]) for j in range(T)] for i in range(B)])
+    old = np.log(np.take_along_axis(p, tok[..., None], -1)[..., 0]).astype(np.float32)
+    sps = (p ** 2).sum(-1).astype(np.float32)
+    dense = (rng.normal(size=(B, T)) * mask).astype(np.float32)
+    outcome = _token_rewards(rng.integers(0, 2, B).astype(np.float32), mask)
+    isw = rng.uniform(0.5, 2.0, (B, T)).astype(np.float32)
+    return dict(mask=mask, gid=gid, ng=5, old=old, sps=sps, dense=dense, outcome=outcome, isw=isw, logits=logits)
+
+
+OTB = {s: _otb_batch(s) for s in (0, 1)}
+OTB_FNS = {"position": "compute_optimal_token_baseline_advantage",
+           "response": "compute_multi_turn_optimal_token_baseline_advantage"}
+for seed, align, rew, tail, use_is in itertools.product((0, 1), OTB_FNS, ("dense", "outcome"), (True, False),
+                                                         (False, True)):
+    o = OTB[seed]
+    tensors = {"token_level_rewards": o[rew], "response_mask": o["mask"], "old_log_probs": o["old"],
+               "sum_pi_squared": o["sps"]}
+    if use_is:
+        tensors["rollout_is_weights"] = o["isw"]
+    case(f"otb-{seed}-{align}-{rew}-tail{tail}-is{use_is}",
+         lambda o=o, r=o[rew], a=align, tl=tail, w=o["isw"] if use_is else None: A.optimal_token_baseline_advantages(
+             r, o["old"], o["sps"], o["mask"], o["gid"], o["ng"], is_weights=w, align=a, handle_zero_tail=tl),
+         fn=OTB_FNS[align], kind="adv", tensors=tensors, index=o["gid"], kwargs={"handle_zero_tail": tail})
+
+# The one documented difference: a group with one non-empty response and one empty one, without
+# the zero-tail rule. verl's "position" variant counts the empty row, so the response's own
+# return becomes its baseline (advantage ~0); we (and verl's "response" variant) see a group of one.
+OTB_DIFF = dict(OTB[1], gid=np.array([0, 1, 2, 0, 1, 2, 0, 3, 2, 1, 3, 4], np.int32))
+OTB_DIFF["gid"][3], OTB_DIFF["gid"][6] = 5, 5  # group 5 = {row 6, row 3 (empty)}
+OTB_DIFF["ng"] = 6
+case("otb-diff-position", None, fn=OTB_FNS["position"], kind="adv",
+     tensors={"token_level_rewards": OTB_DIFF["dense"], "response_mask": OTB_DIFF["mask"],
+              "old_log_probs": OTB_DIFF["old"], "sum_pi_squared": OTB_DIFF["sps"]},
+     index=OTB_DIFF["gid"], kwargs={"handle_zero_tail": False})
+OURS.pop("otb-diff-position")
+
+
 @pytest.fixture(scope="module")
 def oracle():
     return run_oracle("verl_oracle.py", CASES + POLICY_CASES)
 
 
-ADV_IDS = [c["id"] for c in CASES]
+ADV_IDS = [c["id"] for c in CASES if c["id"] in OURS]
 
 
 @pytest.mark.parametrize("cid", ADV_IDS)
@@ -149,6 +201,32 @@ def test_advantage_matches_verl(oracle, cid):
     else:
         adv = out
     np.testing.assert_allclose(np.asarray(adv) * m, ref["adv"] * m, **TOL)
+
+
+def test_otb_cases_exercise_every_branch(oracle):
+    """Guard against vacuous parity: the zero tail and the IS weights change the result."""
+    def adv(cid):
+        return oracle[cid]["adv"]
+    for align in OTB_FNS:
+        base = f"otb-0-{align}-dense"
+        assert np.abs(adv(f"{base}-tailTrue-isFalse") - adv(f"{base}-tailFalse-isFalse")).max() > 1e-2
+        assert np.abs(adv(f"{base}-tailTrue-isTrue") - adv(f"{base}-tailTrue-isFalse")).max() > 1e-2
+    # holes: the two alignments differ on the batch with holes
+    assert np.abs(adv("otb-0-position-dense-tailTrue-isFalse") - adv("otb-0-response-dense-tailTrue-isFalse")).max() > 1e-2
+
+
+def test_otb_empty_row_difference_from_verl_is_exactly_the_documented_one(oracle):
+    o = OTB_DIFF
+    ref = oracle["otb-diff-position"]
+    assert "error" not in ref, ref.get("error")
+    adv, ret = A.optimal_token_baseline_advantages(o["dense"], o["old"], o["sps"], o["mask"], o["gid"], o["ng"],
+                                                   handle_zero_tail=False)
+    adv, m = np.asarray(adv), o["mask"]
+    np.testing.assert_allclose(adv[6], np.asarray(ret)[6], **TOL)  # ours: a group of one, A = G
+    assert np.abs(ref["adv"][6] * m[6]).max() < 1e-4  # verl: baseline = own return, A = G eps / (W + eps)
+    assert np.abs(adv[6]).max() > 0.1  # so the difference is material
+    rest = np.arange(B) != 6
+    np.testing.assert_allclose(adv[rest] * m[rest], ref["adv"][rest] * m[rest], **TOL)
 
 
 # ---------------------------------------------------------------- policy losses
@@ -308,6 +386,7 @@ ENT_LOGITS = np.random.default_rng(40).normal(0, 3, (3, 7, 11)).astype(np.float3
 RC = _batch(41, holes=True)
 RC_LR = (RC["logp"] - RC["old"]).astype(np.float32)
 EXTRA = [dict(id="entropy", kind="entropy", logits=ENT_LOGITS),
+         dict(id="sum_pi_sq", kind="sum_pi_sq", logits=ENT_LOGITS, temperature=0.7),
          dict(id="kl_ctrl", kind="kl_ctrl", init=0.2, target=0.05, horizon=100.0,
               kls=[0.01, 0.2, 0.05, 0.07, 0.0], ns=[32, 32, 64, 16, 8])]
 for lvl, thr, norm in itertools.product(("token", "sequence"), (2.0, "0.8_1.25"), (False, True)):
@@ -329,6 +408,11 @@ def oracle_extra():
 def test_entropy_matches_verl(oracle_extra):
     ours = E.chunked_entropy(jnp.asarray(ENT_LOGITS), chunk_size=3)
     np.testing.assert_allclose(np.asarray(ours), oracle_extra["entropy"]["value"], **TOL)
+
+
+def test_sum_pi_squared_matches_verl(oracle_extra):
+    ours = E.chunked_sum_pi_squared(jnp.asarray(ENT_LOGITS), chunk_size=3, temperature=0.7)
+    np.testing.assert_allclose(np.asarray(ours), oracle_extra["sum_pi_sq"]["value"], **TOL)
 
 
 def test_adaptive_kl_controller_matches_verl(oracle_extra):

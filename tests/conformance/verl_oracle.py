@@ -111,6 +111,8 @@ def run(c):
         return {"loss": npy(loss), "frac": npy(frac), "grad": npy(vp.grad)}
     if kind == "entropy":
         return {"value": npy(vf.entropy_from_logits(t(c["logits"])))}
+    if kind == "sum_pi_sq":  # verl's engine divides the logits by the temperature first
+        return {"value": npy(vf.calculate_sum_pi_squared_from_logits(t(c["logits"]) / c["temperature"]))}
     if kind == "entropy_loss":
         return {"value": npy(ca.compute_entropy_loss(t(c["logits"]), t(c["mask"]), c["agg"]))}
     if kind == "rollout_is":

@@ -281,3 +281,92 @@ def test_errors_name_the_argument():
         A.gae_advantages(np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32), np.ones((2, 3)))
     with pytest.raises(ValueError, match="'singleton'"):
         A.rloo_advantages(s, m, GID, NG, singleton="bad")
+
+
+# ---------------------------------------------------------------- Optimal Token Baseline
+def _otb_inputs(seed=0, holes=False):
+    rng = np.random.default_rng(seed)
+    _, m = _inputs(seed)
+    if holes:
+        m[m.sum(1) >= 3, 1] = 0.0
+    r = (rng.normal(size=(B, T)) * m).astype(np.float32)
+    lp = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    sp = rng.uniform(0.1, 1.0, (B, T)).astype(np.float32)
+    return r, lp, sp, m
+
+
+def test_otb_hand_computed():
+    # one group of two, T = 2, both full length (no zero tail); w_t = 1 - 2 pi_t + sum pi^2
+    r = np.array([[0.0, 1.0], [2.0, 0.0]], np.float32)
+    pi = np.array([[0.5, 0.25], [0.5, 1.0]], np.float32)
+    sp = np.array([[0.5, 0.5], [0.5, 1.0]], np.float32)
+    m = np.ones((2, 2), np.float32)
+    adv, ret = A.optimal_token_baseline_advantages(r, np.log(pi), sp, m, np.zeros(2, np.int32), 1, epsilon=0.0)
+    # w = [[0.5, 1.0], [0.5, 0.0]] -> W = [[0.5, 1.5], [0.5, 0.5]]; G = [[1, 1], [2, 0]]
+    # B_0 = (1*0.5 + 2*0.5) / 1 = 1.5; B_1 = (1*1.5 + 0*0.5) / 2 = 0.75
+    np.testing.assert_allclose(np.asarray(ret), [[1.0, 1.0], [2.0, 0.0]])
+    np.testing.assert_allclose(np.asarray(adv), [[-0.5, 0.25], [0.5, -0.75]], rtol=1e-6)
+
+
+def test_otb_zero_tail_and_singleton():
+    r, lp, sp, _ = _otb_inputs(1)
+    m = np.zeros((3, T), np.float32)
+    m[0, :5], m[1, :2], m[2, :3] = 1, 1, 1
+    gid = np.array([0, 0, 1], np.int32)
+    r3, lp3, sp3 = r[:3] * 0 + 1.0, lp[:3], sp[:3]
+    adv, ret = A.optimal_token_baseline_advantages(r3, lp3, sp3, m, gid, 2)
+    adv0, _ = A.optimal_token_baseline_advantages(r3, lp3, sp3, m, gid, 2, handle_zero_tail=False)
+    adv, adv0, ret = map(np.asarray, (adv, adv0, ret))
+    np.testing.assert_allclose(adv[0, 2:], ret[0, 2:])  # unique longest: no baseline beyond length 2
+    np.testing.assert_allclose(adv[:2, :2], adv0[:2, :2])  # shared positions unchanged
+    np.testing.assert_allclose(adv[2], ret[2] * m[2])  # singleton group: A = G
+
+
+def test_otb_alignments_agree_for_prefix_masks_and_differ_with_holes():
+    r, lp, sp, m = _otb_inputs(2)
+    pos = A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="position")
+    resp = A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="response")
+    for a, b in zip(pos, resp):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    r, lp, sp, m = _otb_inputs(2, holes=True)
+    pos, _ = A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="position")
+    resp, _ = A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="response")
+    assert np.abs(np.asarray(pos) - np.asarray(resp)).max() > 1e-3
+
+
+@pytest.mark.parametrize("align", ["position", "response"])
+def test_otb_padding_row_equals_filtered_and_order_free(align):
+    r, lp, sp, m = _otb_inputs(3, holes=True)
+    valid = np.ones(B, bool)
+    valid[5] = False
+    f = lambda *a, g=GID, v=None: A.optimal_token_baseline_advantages(*a, g, NG, align=align, valid=v)  # noqa: E731
+    full, _ = f(r, lp, sp, m, v=valid)
+    keep = np.flatnonzero(valid)
+    sub, _ = f(r[keep], lp[keep], sp[keep], m[keep], g=GID[keep])
+    np.testing.assert_allclose(np.asarray(full)[keep], np.asarray(sub), atol=1e-6)
+    assert np.all(np.asarray(full)[5] == 0)
+    perm = np.random.default_rng(0).permutation(B)
+    shuf, _ = f(r[perm], lp[perm], sp[perm], m[perm], g=GID[perm])
+    np.testing.assert_allclose(np.asarray(shuf), np.asarray(f(r, lp, sp, m)[0])[perm], atol=1e-6)
+
+
+def test_otb_equal_weights_reduce_to_group_mean_return():
+    # with sum pi^2 = 2 pi - 1 + c every token has w = c, W_t = c (t + 1) equal across the
+    # group at each position, so for equal lengths B_t is the group mean of G_t
+    r, lp, _, _ = _otb_inputs(4)
+    m = np.ones((B, T), np.float32)
+    sp = 2 * np.exp(lp) - 1 + 0.3
+    adv, ret = A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG)
+    ret = np.asarray(ret)
+    mean = np.stack([ret[GID == g].mean(0) for g in range(NG)])[GID]
+    np.testing.assert_allclose(np.asarray(adv), ret - mean, atol=1e-5)
+
+
+def test_otb_errors_name_the_argument():
+    r, lp, sp, m = _otb_inputs(0)
+    with pytest.raises(ValueError, match="sum_pi_squared"):
+        A.optimal_token_baseline_advantages(r, lp, sp[:, :2], m, GID, NG)
+    with pytest.raises(ValueError, match="align"):
+        A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="turn")
+    with pytest.raises(ValueError, match="is_weights"):
+        A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, is_weights=sp[:3])

@@ -66,6 +66,10 @@ R = {
     "reinforce_pp_advantages": (lambda r, m: C.reinforce_pp_advantages(r, m, 0.99), lambda s: [_n(s, (B, T)), _mask(s)], 1),
     "remax_advantages": (C.remax_advantages, lambda s: [_n(s, (B, T)), _n(s, (B,)), _mask(s)], 2),
     "gdpo_advantages": (lambda c, m: C.gdpo_advantages(c, m, GID, NG), lambda s: [_n(s, (B, 2)), _mask(s)], 1),
+    "optimal_token_baseline_advantages": (
+        lambda r, lp, sp, w, m: C.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, is_weights=w, align="response"),
+        lambda s: [_n(s, (B, T)), _lp(s), _rng(s).uniform(0.1, 1.0, (B, T)).astype(np.float32),
+                   _rng(s + 1).uniform(0.5, 2.0, (B, T)).astype(np.float32), _mask(s)], 4),
     # aggregation
     "aggregate": (lambda x, m: C.aggregate(x, m, "seq-mean-token-mean"), lambda s: [_n(s, (B, T)), _mask(s)], 1),
     "aggregate_sum_weight": (lambda x, m: C.aggregate_sum_weight(x, m, "token-mean"),
@@ -74,6 +78,8 @@ R = {
     # entropy
     "entropy_from_logits": (C.entropy_from_logits, lambda s: [_n(s, (B, T, 7))], None),
     "chunked_entropy": (lambda z: C.chunked_entropy(z, 2), lambda s: [_n(s, (B, T, 7))], None),
+    "sum_pi_squared_from_logits": (lambda z: C.sum_pi_squared_from_logits(z, 0.8), lambda s: [_n(s, (B, T, 7))], None),
+    "chunked_sum_pi_squared": (lambda z: C.chunked_sum_pi_squared(z, 2, 0.8), lambda s: [_n(s, (B, T, 7))], None),
     "chunked_logprobs_and_entropy": (lambda z, t: C.chunked_logprobs_and_entropy(z, t, 2),
                                      lambda s: [_n(s, (B, T, 7)), _rng(s).integers(0, 7, (B, T)).astype(np.int32)], None),
     # kl

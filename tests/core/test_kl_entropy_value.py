@@ -129,3 +129,13 @@ def test_chunked_entropy_never_holds_a_full_float32_copy(dtype):
         # float32 input: one [B, chunk, V] slice; bf16: XLA:CPU also keeps a bf16-sized buffer
         bound = full_f32 // 4 if dtype == jnp.float32 else 3 * full_f32 // 4
         assert temp < bound, (dtype, temp, full_f32)
+
+
+def test_sum_pi_squared_hand_computed_and_chunked():
+    z = np.log(np.array([[[0.5, 0.25, 0.25]]], np.float32))
+    np.testing.assert_allclose(np.asarray(E.sum_pi_squared_from_logits(z)), [[0.375]], rtol=1e-6)
+    z = np.random.default_rng(0).normal(0, 3, (3, 10, 13)).astype(np.float32)
+    p = np.exp(z / 0.7 - np.log(np.exp(z / 0.7).sum(-1, keepdims=True)))
+    for chunk in (1, 3, 10, 64):
+        np.testing.assert_allclose(np.asarray(E.chunked_sum_pi_squared(z, chunk, temperature=0.7)), (p ** 2).sum(-1),
+                                   rtol=1e-5)
