@@ -122,6 +122,17 @@ def as_float(x: Any) -> jnp.ndarray:
     return x
 
 
+def zero_outside(x: jnp.ndarray, mask: jnp.ndarray, fill: float = 0.0) -> jnp.ndarray:
+    """``x`` where ``mask`` is set, ``fill`` elsewhere, as a *select*.
+
+    Every public function applies this to its inputs on entry, so that values under the mask
+    (padding garbage, +-inf, NaN) reach neither the outputs nor the gradients: the VJP of a
+    select is exactly zero on the unselected side, whereas ``x * mask`` turns ``inf * 0`` into
+    NaN and lets ``d/dx`` of a later ``sqrt``/``exp`` leak through the multiplication.
+    """
+    return jnp.where(mask > 0, x, jnp.asarray(fill, x.dtype))
+
+
 def as_mask(mask: Any, dtype=jnp.float32) -> jnp.ndarray:
     """Masks may be bool, int or float; they are used as {0, 1} floats."""
     m = jnp.asarray(mask)

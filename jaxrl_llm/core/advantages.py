@@ -51,11 +51,16 @@ def _prep_outcome(scores, mask, group_ids=None, num_groups=None, valid=None):
     s = _checks.as_float(scores)
     m = _checks.as_mask(mask, s.dtype)
     v = jnp.ones_like(s) if valid is None else _checks.as_mask(valid, s.dtype)
-    return s, m, v
+    return _checks.zero_outside(s, v), m, v
 
 
 def _broadcast(adv_seq, mask, valid):
     return jax.lax.stop_gradient(jnp.where(valid > 0, adv_seq, 0.0)[:, None] * mask)
+
+
+def _reward_to_go(r, m):
+    """Undiscounted ``G_t = sum_{s >= t} r_s m_s`` (``[B, T]``), at every position."""
+    return jnp.flip(jnp.cumsum(jnp.flip(r * m, -1), -1), -1)
 
 
 def _reverse_masked_scan(step, init, xs):
@@ -92,9 +97,9 @@ def gae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.nd
       values there; they are never used).
     """
     _checks.check_token_args(token_rewards=token_rewards, values=values, mask=mask)
-    r = _checks.as_float(token_rewards)
-    v = _checks.as_float(values)
-    m = _checks.as_mask(mask, r.dtype)
+    m = _checks.as_mask(mask)
+    r = _checks.zero_outside(_checks.as_float(token_rewards), m)
+    v = _checks.zero_outside(_checks.as_float(values), m)
 
     def step(carry, x):
         next_v, last_gae = carry
@@ -186,8 +191,8 @@ def reinforce_pp_advantages(token_rewards: jnp.ndarray, mask: jnp.ndarray, gamma
       ``(advantages [B, T], returns [B, T])``.
     """
     _checks.check_token_args(token_rewards=token_rewards, mask=mask)
-    r = _checks.as_float(token_rewards)
-    m = _checks.as_mask(mask, r.dtype)
+    m = _checks.as_mask(mask)
+    r = _checks.zero_outside(_checks.as_float(token_rewards), m)
 
     def step(run, x):
         r_t, m_t = x
@@ -235,10 +240,10 @@ def remax_advantages(token_rewards: jnp.ndarray, baseline_scores: jnp.ndarray, m
     """
     b, _ = _checks.check_token_args(token_rewards=token_rewards, mask=mask)
     _checks.check_seq_args(b, baseline_scores=baseline_scores)
-    r = _checks.as_float(token_rewards)
-    m = _checks.as_mask(mask, r.dtype)
+    m = _checks.as_mask(mask)
+    r = _checks.zero_outside(_checks.as_float(token_rewards), m)
     base = _checks.as_float(baseline_scores)
-    returns = jnp.flip(jnp.cumsum(jnp.flip(r * m, -1), -1), -1)
+    returns = _reward_to_go(r, m)
     adv = (returns - base[:, None]) * m
     return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(returns * m)
 
@@ -508,16 +513,16 @@ def optimal_token_baseline_advantages(token_rewards: jnp.ndarray, old_logp: jnp.
     _checks.check_seq_args(b, valid=valid)
     _checks.check_groups(group_ids, num_groups, b)
     _check_concrete_ids(group_ids, num_groups)
-    r = _checks.as_float(token_rewards)
-    m = _checks.as_mask(mask, r.dtype)
-    w = 1.0 - 2.0 * jnp.exp(_checks.as_float(old_logp)) + _checks.as_float(sum_pi_squared)
+    m = _checks.as_mask(mask)
+    r, lp, sp = (_checks.zero_outside(_checks.as_float(x), m) for x in (token_rewards, old_logp, sum_pi_squared))
+    w = 1.0 - 2.0 * jnp.exp(lp) + sp
     if is_weights is not None:
-        w = w * jnp.square(_checks.as_float(is_weights))
+        w = w * jnp.square(_checks.zero_outside(_checks.as_float(is_weights), m))
     v = jnp.ones((b,), r.dtype) if valid is None else _checks.as_mask(valid, r.dtype)
     orig_m = m
     if align == "response":
         m, (r, w), slot = _compact_responses(m, r, w)
-    ret = jnp.cumsum((r * m)[:, ::-1], axis=1)[:, ::-1]
+    ret = _reward_to_go(r, m)
     cum_w = jnp.cumsum(w * m, axis=1)
     n = jnp.sum(m, axis=1)
     member = (v > 0) & (n > 0)

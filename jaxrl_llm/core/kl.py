@@ -85,7 +85,8 @@ def kl_in_reward(token_scores: jnp.ndarray, old_logp: jnp.ndarray, ref_logp: jnp
     """
     _checks.check_token_args(token_scores=token_scores, old_logp=old_logp, ref_logp=ref_logp, mask=mask)
     m = _checks.as_mask(mask)
-    kl = jax.lax.stop_gradient(kl_penalty(old_logp, ref_logp, kind)) * m
+    old, ref = (_checks.zero_outside(_checks.as_float(x), m) for x in (old_logp, ref_logp))
+    kl = jax.lax.stop_gradient(kl_penalty(old, ref, kind)) * m
     return _checks.as_float(token_scores) - coef * kl, kl
 
 
@@ -110,9 +111,10 @@ def kl_importance_weight(logp: jnp.ndarray, old_logp: jnp.ndarray, mask: jnp.nda
     """
     _checks.check_choice("level", level, ("token", "sequence"))
     _checks.check_token_args(logp=logp, old_logp=old_logp, mask=mask)
-    lr = _checks.as_float(logp) - jax.lax.stop_gradient(_checks.as_float(old_logp))
+    m = _checks.as_mask(mask)
+    lp, old = (_checks.zero_outside(_checks.as_float(x), m) for x in (logp, old_logp))
+    lr = lp - jax.lax.stop_gradient(old)
     if level == "sequence":
-        m = _checks.as_mask(mask)
         n = jnp.maximum(jnp.sum(m, -1, keepdims=True), 1.0)
         lr = jnp.broadcast_to(jnp.sum(lr * m, -1, keepdims=True) / n, lr.shape)
     return jnp.exp(jnp.clip(lr, -20.0, 20.0))

@@ -10,7 +10,11 @@ form for exact micro-batching); each docstring names the aggregation its paper u
 Parity: for every policy loss verl 0.9.1 registers (vanilla, dppo_tv, dppo_kl, gspo, sapo,
 gpg, clip_cov, kl_cov, geo_mean, dro, cispo, bypass_mode = ppo/reinforce with rollout
 correction) the aggregated value and its gradient with respect to ``logp`` equal verl's;
-``tests/conformance/test_verl_policy_losses.py`` checks this on random ragged inputs.
+``tests/conformance/test_verl_conformance.py`` checks this on random ragged inputs.
+
+Values under the mask never matter: inputs are selected (``jnp.where``) to 0 outside the
+mask on entry, so padding garbage, +-inf or NaN there changes no output and receives an
+exactly zero gradient (tested for every function in ``tests/core/test_battery.py``).
 
 ``is_weights`` (optional ``[B, T]``, no gradient) multiplies the per-token loss: use it for
 truncated importance sampling / IcePop against sampler-trainer mismatch
@@ -51,24 +55,27 @@ _LOG_RATIO_CLAMP = 20.0
 def _prep(logp, old_logp, advantages, mask, is_weights=None):
     _checks.check_token_args(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
                              is_weights=is_weights)
-    lp = _checks.as_float(logp)
-    olp = sg(_checks.as_float(old_logp))
-    adv = sg(_checks.as_float(advantages))
-    m = _checks.as_mask(mask, lp.dtype)
-    return lp, olp, adv, m
+    m = _checks.as_mask(mask, _checks.as_float(logp).dtype)
+    lp, olp, adv = (_checks.zero_outside(_checks.as_float(x), m) for x in (logp, old_logp, advantages))
+    return lp, sg(olp), sg(adv), m
+
+
+def _clean_weights(is_weights, m):
+    return sg(_checks.zero_outside(_checks.as_float(is_weights), m))
 
 
 def _finish(loss, m, is_weights):
     if is_weights is not None:
-        loss = loss * sg(_checks.as_float(is_weights))
+        loss = loss * _clean_weights(is_weights, m)
     return jnp.where(m > 0, loss, 0.0)
 
 
 def ratio_metrics(log_ratio: jnp.ndarray, mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
     """Diagnostics of ``log_ratio = logp - old_logp``: approx KL ``E[-log_ratio]`` (verl's
     ``ppo_kl``), low-variance KL ``E[r - 1 - log r]``, ratio mean / max / min over the mask."""
-    lr = sg(_checks.as_float(log_ratio))
-    m = _checks.as_mask(mask, lr.dtype)
+    _checks.check_token_args(log_ratio=log_ratio, mask=mask)
+    m = _checks.as_mask(mask)
+    lr = sg(_checks.zero_outside(_checks.as_float(log_ratio), m))
     lr_c = jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     r = jnp.exp(lr_c)
     big = jnp.finfo(r.dtype).max
@@ -282,8 +289,9 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, key: jax.Array, clip_low:
     ``cov_t = (A_t - mean A)(logp_t - mean logp)`` over the masked tokens. Among the tokens
     that PPO does not clip and with ``lb < cov_t < ub``, ``max(1, floor(r N))`` (``N`` =
     masked tokens, ``r = clip_cov_ratio``) are drawn uniformly at random (``key``) and get
-    zero loss; the rest use the PPO clipped surrogate (no dual clip, no log clamp, as in
-    verl).
+    zero loss; the rest use the PPO clipped surrogate (no dual clip, as in verl).
+    Difference from verl: the log-ratio is clamped to +-20 as in every other loss here (verl
+    leaves it unclamped, so a token with ``|logp - old_logp| > 88`` overflows to inf there).
 
     Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", arXiv:2505.22617 (defaults r = 2e-4, lb = 1, ub = 5).
@@ -296,7 +304,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, key: jax.Array, clip_low:
     _check_clip(clip_low, clip_high)
     _checks.check_positive("clip_cov_ratio", clip_cov_ratio)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
-    ratio = jnp.exp(lp - olp)
+    ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     pl1 = -adv * ratio
     pl2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clipped = (pl2 > pl1) & (m > 0)
@@ -324,7 +332,8 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     ``L_t = -A_t rho_t``; for the top ``max(1, floor(r N))`` masked tokens by
     ``cov_t = (A_t - mean A)(logp_t - mean logp)``, ``L_t = -A_t rho_t + k |logp_t - old_t|``.
     No clipping. Ties in covariance are broken by position (verl's ``topk`` order is
-    unspecified).
+    unspecified). Difference from verl: ``rho`` uses the +-20 log clamp of the other losses
+    (verl's is unclamped; equal whenever ``|logp - old_logp| <= 20``).
 
     Paper: Cui et al., arXiv:2505.22617 (r = 2e-4). ``ppo_kl_coef`` default 1 as the
     function docs of verl (its config default is 0.1). Like :func:`clip_cov_loss`, the
@@ -333,7 +342,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     _checks.check_positive("kl_cov_ratio", kl_cov_ratio)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
     lr = lp - olp
-    ratio = jnp.exp(lr)
+    ratio = jnp.exp(jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     pl = -adv * ratio
     pl_kl = pl + ppo_kl_coef * jnp.abs(lr)
     lps = sg(lp)
@@ -376,7 +385,7 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.4,
     a_seq = jnp.sum(adv * m, -1) / (n + 1e-8)
     seq_loss = -a_seq * ratio
     if is_weights is not None:
-        w = sg(_checks.as_float(is_weights))
+        w = _clean_weights(is_weights, m)
         seq_loss = seq_loss * jnp.exp(jnp.sum(jnp.log(w + 1e-10) * m, -1) / (n + 1e-8))
     loss = jnp.broadcast_to(seq_loss[:, None], lp.shape)
     clipped = (d != dc).astype(lp.dtype)
@@ -470,9 +479,8 @@ def rollout_is_weights(logp, rollout_logp, mask, *, level: str = "token", upper:
         if lower > upper:
             raise ValueError(f"argument 'lower' ({lower}) must be <= 'upper' ({upper})")
     _checks.check_token_args(logp=logp, rollout_logp=rollout_logp, mask=mask)
-    lp = sg(_checks.as_float(logp))
-    rl = sg(_checks.as_float(rollout_logp))
-    m = _checks.as_mask(mask, lp.dtype)
+    m = _checks.as_mask(mask)
+    lp, rl = (sg(_checks.zero_outside(_checks.as_float(x), m)) for x in (logp, rollout_logp))
     lr = lp - rl
     if level == "token":
         raw = jnp.exp(jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
@@ -521,9 +529,9 @@ def rollout_rejection_mask(logp, rollout_logp, mask, *, mode: str = "token_k1",
     _checks.check_choice("mode", mode, _RS_MODES)
     _checks.check_positive("upper", upper)
     _checks.check_token_args(logp=logp, rollout_logp=rollout_logp, mask=mask)
-    lp = sg(_checks.as_float(logp))
-    m = _checks.as_mask(mask, lp.dtype)
-    x = jnp.clip(lp - sg(_checks.as_float(rollout_logp)), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    m = _checks.as_mask(mask)
+    lp, rl = (sg(_checks.zero_outside(_checks.as_float(x), m)) for x in (logp, rollout_logp))
+    x = jnp.clip(lp - rl, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     est = mode[-2:]
     stat = {"k1": -x, "k2": 0.5 * x * x, "k3": jnp.exp(x) - 1.0 - x}[est]
     if mode.startswith("seq_sum"):

@@ -59,9 +59,10 @@ def masked_var(values: jnp.ndarray, mask: jnp.ndarray, unbiased: bool = True) ->
     value (0 for a single element), so the function stays total under jit.
     """
     m = _checks.as_mask(mask)
-    mean = masked_mean(values, m)
+    v = _checks.zero_outside(_checks.as_float(values), m)
+    mean = masked_mean(v, m)
     n = jnp.sum(m)
-    var = masked_mean(jnp.square(_checks.as_float(values) - mean), m)
+    var = masked_mean(jnp.square(v - mean), m)
     if unbiased:
         var = var * jnp.where(n > 1, n / jnp.maximum(n - 1, 1.0), 1.0)
     return var
@@ -75,7 +76,7 @@ def masked_whiten(values: jnp.ndarray, mask: jnp.ndarray, shift_mean: bool = Tru
     inside the square root). With ``shift_mean=False`` the mean is added back.
     Entries outside the mask are transformed too (callers multiply by the mask).
     """
-    v = _checks.as_float(values)
+    v = _checks.zero_outside(_checks.as_float(values), _checks.as_mask(mask))
     mean = masked_mean(v, mask)
     var = masked_var(v, mask, unbiased=unbiased)
     out = (v - mean) * jax.lax.rsqrt(var + eps)
@@ -120,12 +121,15 @@ def group_stats(x: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int,
     _check_concrete_ids(group_ids, num_groups)
     x = _checks.as_float(x)
     w = jnp.ones_like(x) if valid is None else _checks.as_mask(valid, x.dtype)
+    x = _checks.zero_outside(x, w)
     cnt = group_sum(w, group_ids, num_groups)
     mean_g = safe_divide(group_sum(x * w, group_ids, num_groups), cnt)
     dev = jnp.where(w > 0, x - mean_g[group_ids], 0.0)
     ss = group_sum(jnp.square(dev), group_ids, num_groups)
     denom = jnp.maximum(cnt - 1.0, 0.0) if unbiased else cnt
-    std_g = jnp.sqrt(safe_divide(ss, denom))
+    var_g = safe_divide(ss, denom)
+    # sqrt has an infinite derivative at 0 (singleton or all-equal groups): select around it
+    std_g = jnp.where(var_g > 0, jnp.sqrt(jnp.where(var_g > 0, var_g, 1.0)), 0.0)
     return GroupStats(cnt[group_ids], mean_g[group_ids], std_g[group_ids])
 
 

@@ -33,10 +33,9 @@ def clipped_value_loss(values: jnp.ndarray, old_values: jnp.ndarray, returns: jn
       ``(loss [B, T], {"vf_clip_frac", "vf_explained_var"})``.
     """
     _checks.check_token_args(values=values, old_values=old_values, returns=returns, mask=mask)
-    v = _checks.as_float(values)
-    old = jax.lax.stop_gradient(_checks.as_float(old_values))
-    ret = jax.lax.stop_gradient(_checks.as_float(returns))
-    m = _checks.as_mask(mask, v.dtype)
+    m = _checks.as_mask(mask)
+    v, old, ret = (_checks.zero_outside(_checks.as_float(x), m) for x in (values, old_values, returns))
+    old, ret = jax.lax.stop_gradient(old), jax.lax.stop_gradient(ret)
     l1 = jnp.square(v - ret)
     if clip_range is None:
         loss, frac = l1, jnp.zeros((), v.dtype)

@@ -205,3 +205,60 @@ def test_all_masked_batch_is_finite(name):
     for leaf in _leaves(fn(*args)):
         if np.issubdtype(leaf.dtype, np.floating):
             assert np.all(np.isfinite(leaf)), name
+
+
+_GARBAGE = {"large": lambda shape: np.where(np.arange(np.prod(shape)).reshape(shape) % 2, 3e4, -3e4),
+            "inf": lambda shape: np.where(np.arange(np.prod(shape)).reshape(shape) % 2, np.inf, -np.inf),
+            "nan": lambda shape: np.full(shape, np.nan)}
+
+
+def _with_garbage(args, mi, kind):
+    """Copy of ``args`` with every float input shaped like the mask overwritten where the mask is 0."""
+    m = np.asarray(args[mi])
+    out = list(args)
+    for i, x in enumerate(args):
+        if i == mi or not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape != m.shape:
+            continue
+        out[i] = np.where(m > 0, x, _GARBAGE[kind](x.shape)).astype(np.float32)
+    return out
+
+
+def _visible(out, m):
+    """Output leaves as seen by a caller: ``[B, T]`` (or ``[B]``) leaves only where the mask is set."""
+    return [np.where(m > 0, x, 0.0) if x.shape == m.shape else x for x in _leaves(out)
+            if np.issubdtype(x.dtype, np.floating)]
+
+
+@pytest.mark.parametrize("kind", sorted(_GARBAGE))
+@pytest.mark.parametrize("name", sorted(n for n in R if R[n][2] is not None))
+def test_values_under_the_mask_change_nothing_and_get_zero_gradient(name, kind):
+    """masked == filtered in its strongest form: whatever sits under the mask (huge, +-inf, NaN)
+    changes no visible output and receives an exactly zero, finite gradient."""
+    fn, make, mi = R[name]
+    args = make(6)
+    m = np.asarray(args[mi])
+    if m.ndim == 2:
+        m[0, -1] = 0.0  # at least one masked position
+    else:
+        m[0] = False
+    args[mi] = m
+    bad = _with_garbage(args, mi, kind)
+    for a, b in zip(_visible(fn(*args), m), _visible(fn(*bad), m)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=name)
+    diff = [i for i, x in enumerate(bad) if isinstance(x, np.ndarray) and x.dtype == np.float32
+            and x.shape == m.shape and i != mi]
+
+    def scalar(*xs):
+        full = list(bad)
+        for i, x in zip(diff, xs):
+            full[i] = x
+        leaves = [jnp.where(m > 0, x, 0.0) if x.shape == m.shape else x for x in jax.tree.leaves(fn(*full))
+                  if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+        return sum(jnp.sum(x) for x in leaves)
+
+    has_float = any(np.issubdtype(x.dtype, np.floating) for x in _leaves(fn(*bad)))
+    grads = jax.grad(scalar, argnums=tuple(range(len(diff))))(*[bad[i] for i in diff]) if diff and has_float else ()
+    for g in grads:
+        g = np.asarray(g)
+        assert np.all(np.isfinite(g)), f"{name}: non-finite gradient"
+        assert np.all(g[m == 0] == 0), f"{name}: gradient under the mask"
