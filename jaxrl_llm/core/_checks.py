@@ -101,6 +101,18 @@ def check_groups(group_ids: Any, num_groups: Any, batch: int) -> None:
         )
 
 
+def check_static_int(name: str, value: Any, minimum: int = 1) -> None:
+    """``value`` must be a Python (or numpy) int ``>= minimum`` (a static size)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"argument '{name}' must be a static Python int >= {minimum}, got {value!r}")
+
+
+def check_scalar(name: str, value: Any) -> None:
+    """``value`` must be a scalar (Python number or 0-d array, e.g. a controller's coefficient)."""
+    if np.ndim(value) != 0:
+        raise ValueError(f"argument '{name}' must be a scalar, got shape {_shape(value)}")
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     choices = tuple(choices)
     if value not in choices:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.stats as jstats
+import numpy as np
 
 from jaxrl_llm.core import _checks
 from jaxrl_llm.core.stats import group_stats, group_sum, masked_whiten, safe_divide, _check_concrete_ids
@@ -143,7 +144,8 @@ def grpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarr
     single = st.count <= 1
     mean = jnp.where(single, 0.0, st.mean)
     std = jnp.where(single, 1.0, st.std)
-    adv = (s - mean) / (std + epsilon) if scale_by_std else s - mean
+    # safe_divide: with epsilon = 0 an all-equal group has 0 / 0; it gets 0 (verl: NaN)
+    adv = safe_divide(s - mean, std + epsilon) if scale_by_std else s - mean
     return _broadcast(adv, m, v)
 
 
@@ -272,8 +274,9 @@ def grpo_passk_advantages(scores, mask, group_ids, num_groups, *, scale_by_std: 
     sample 0. Ties at the top give 0 (whichever sample is chosen). Groups of one sample get 0
     (verl raises instead).
 
-    Paper: Chen et al., "Pass@k Training for Adaptively Balancing Exploration and
-    Exploitation", as implemented in verl (``grpo_passk``; cites arXiv:2503.19595).
+    Paper: Tang, Zheng, Synnaeve and Munos, "Optimizing Language Models for Inference Time
+    Objectives using Reinforcement Learning", arXiv:2503.19595 (the paper verl's
+    ``grpo_passk`` cites; formula from verl).
     """
     s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
     b = s.shape[0]
@@ -288,7 +291,7 @@ def grpo_passk_advantages(scores, mask, group_ids, num_groups, *, scale_by_std: 
     gap = jnp.where(jnp.isfinite(second), gmax - second, 0.0)[group_ids]
     if scale_by_std:
         st = group_stats(s, group_ids, num_groups, v)
-        gap = gap / (st.std + epsilon)
+        gap = safe_divide(gap, st.std + epsilon)
     return _broadcast(jnp.where(chosen, gap, 0.0), m, v)
 
 
@@ -357,7 +360,7 @@ def lite_ppo_advantages(scores, mask, group_ids, num_groups, *, epsilon: float =
     mu = safe_divide(jnp.sum(s * v), n)
     den = jnp.maximum(n - 1.0, 1.0) if unbiased_std else jnp.maximum(n, 1.0)
     std = jnp.sqrt(jnp.sum(jnp.square(s - mu) * v) / den)
-    return _broadcast((s - st.mean) / (std + epsilon), m, v)
+    return _broadcast(safe_divide(s - st.mean, std + epsilon), m, v)
 
 
 def _bnpo_single(r, group_ids, num_groups, v, r_min, r_max, alpha, beta, max_weight):
@@ -365,7 +368,7 @@ def _bnpo_single(r, group_ids, num_groups, v, r_min, r_max, alpha, beta, max_wei
     cnt = group_sum(v, group_ids, num_groups)
     p_g = safe_divide(group_sum(rt * v, group_ids, num_groups), cnt)
     p_g = jnp.where(cnt > 1, p_g, 0.0)
-    present = (cnt > 0).astype(r.dtype)
+    present = (cnt > 1).astype(r.dtype)  # a one-sample group has no success rate to fit
     nq = jnp.sum(present)
     mu = safe_divide(jnp.sum(p_g * present), nq)
     var = safe_divide(jnp.sum(jnp.square(p_g - mu) * present), jnp.maximum(nq - 1.0, 0.0))
@@ -378,7 +381,9 @@ def _bnpo_single(r, group_ids, num_groups, v, r_min, r_max, alpha, beta, max_wei
     p = p_g[group_ids]
     pdf = jstats.beta.pdf(p, a, b)
     weight = jnp.minimum(max_weight, 1.0 / jnp.maximum(pdf, 1.0 / max_weight))
-    return (rt - p) * weight, a, b
+    # a one-sample group has no success-rate estimate (p_q would be 0, where the Beta pdf is 0
+    # and the weight max_weight): it gets advantage 0
+    return jnp.where(cnt[group_ids] > 1, (rt - p) * weight, 0.0), a, b
 
 
 def bnpo_advantages(scores, mask, group_ids, num_groups, *, r_min=0.0, r_max=1.0,
@@ -401,9 +406,12 @@ def bnpo_advantages(scores, mask, group_ids, num_groups, *, r_min=0.0, r_max=1.0
 
     Paper: Xiao et al., "BNPO: Beta Normalization Policy Optimization", arXiv:2506.02864
     (formula from the authors' code). Our choices: if the batch variance of ``p_q`` is 0 or
-    there is one prompt, the fit falls back to alpha = beta = 1; ``alpha``/``beta`` may be
-    fixed by the caller.
+    there is one prompt, the fit falls back to alpha = beta = 1; one-sample groups get
+    advantage 0 and take no part in the fit; ``alpha``/``beta`` may be fixed by the caller.
     """
+    if not isinstance(r_min, jax.core.Tracer) and not isinstance(r_max, jax.core.Tracer):
+        if not np.all(np.asarray(r_max, np.float64) > np.asarray(r_min, np.float64)):
+            raise ValueError(f"argument 'r_max' ({r_max}) must be > 'r_min' ({r_min}) for every component")
     r = _checks.as_float(scores)
     if r.ndim == 2:
         b = r.shape[0]

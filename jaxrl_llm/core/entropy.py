@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.core import _checks
 
@@ -18,9 +19,30 @@ __all__ = ["entropy_from_logits", "sum_pi_squared_from_logits", "chunked_entropy
            "chunked_logprobs_and_entropy"]
 
 
+def _check_logits(logits):
+    if np.ndim(logits) < 1:
+        raise ValueError(f"argument 'logits' must have a vocabulary axis (rank >= 1), got shape {np.shape(logits)}")
+    _checks.check_float("logits", logits)
+
+
 def entropy_from_logits(logits: jnp.ndarray) -> jnp.ndarray:
-    """Shannon entropy ``H = logsumexp(z) - sum softmax(z) z`` over the last axis, float32."""
-    z = logits.astype(jnp.float32)
+    """Shannon entropy ``H = logsumexp(z) - sum softmax(z) z`` over the last axis, float32.
+
+    Logits of ``-inf`` (banned tokens) are allowed: they contribute 0, in value and gradient
+    (verl's ``entropy_from_logits`` returns NaN there, from ``0 * -inf``).
+    """
+    _check_logits(logits)
+    return _entropy(logits)
+
+
+# -inf logits (banned tokens) are raised to this finite floor before ``p * z`` so that the
+# product is 0 * finite, not 0 * inf = NaN; ``maximum`` routes no gradient to the floor and,
+# unlike a select, fuses into the reduction (no extra [B, chunk, V] temporary).
+_LOGIT_FLOOR = -1e30
+
+
+def _entropy(logits):
+    z = jnp.maximum(logits.astype(jnp.float32), _LOGIT_FLOOR)
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jnp.exp(z - lse[..., None])
     return lse - jnp.sum(p * z, axis=-1)
@@ -33,7 +55,12 @@ def sum_pi_squared_from_logits(logits: jnp.ndarray, temperature: float = 1.0) ->
     ``calculate_sum_pi_squared_from_logits``). It is the ``sum pi^2`` term of the Optimal
     Token Baseline's gradient-norm proxy (:func:`~jaxrl_llm.core.advantages.optimal_token_baseline_advantages`).
     """
+    _check_logits(logits)
     _checks.check_positive("temperature", temperature)
+    return _sum_pi_squared(logits, temperature)
+
+
+def _sum_pi_squared(logits, temperature):
     z = logits.astype(jnp.float32) / temperature
     return jnp.exp(jax.nn.logsumexp(2.0 * z, axis=-1) - 2.0 * jax.nn.logsumexp(z, axis=-1))
 
@@ -77,8 +104,9 @@ def chunked_entropy(logits: jnp.ndarray, chunk_size: int = 128) -> jnp.ndarray:
     Peak extra memory is one ``[B, chunk_size, V]`` float32 slice.
     """
     _checks.check_rank("logits", logits, 3)
-    _checks.check_positive("chunk_size", chunk_size)
-    (ent,) = _map_chunks(lambda z: (entropy_from_logits(z),), (logits,), chunk_size, 1)
+    _check_logits(logits)
+    _checks.check_static_int("chunk_size", chunk_size)
+    (ent,) = _map_chunks(lambda z: (_entropy(z),), (logits,), chunk_size, 1)
     return ent
 
 
@@ -88,9 +116,10 @@ def chunked_sum_pi_squared(logits: jnp.ndarray, chunk_size: int = 128, temperatu
     Peak extra memory is one ``[B, chunk_size, V]`` float32 slice.
     """
     _checks.check_rank("logits", logits, 3)
-    _checks.check_positive("chunk_size", chunk_size)
+    _check_logits(logits)
+    _checks.check_static_int("chunk_size", chunk_size)
     _checks.check_positive("temperature", temperature)
-    (out,) = _map_chunks(lambda z: (sum_pi_squared_from_logits(z, temperature),), (logits,), chunk_size, 1)
+    (out,) = _map_chunks(lambda z: (_sum_pi_squared(z, temperature),), (logits,), chunk_size, 1)
     return out
 
 
@@ -105,11 +134,13 @@ def chunked_logprobs_and_entropy(logits: jnp.ndarray, tokens: jnp.ndarray, chunk
     _checks.check_rank("tokens", tokens, 2)
     if tokens.shape != logits.shape[:2]:
         raise ValueError(f"argument 'tokens' must have shape {logits.shape[:2]} (logits' [B, T]), got {tokens.shape}")
+    _check_logits(logits)
+    _checks.check_int("tokens", tokens)
     _checks.check_positive("temperature", temperature)
-    _checks.check_positive("chunk_size", chunk_size)
+    _checks.check_static_int("chunk_size", chunk_size)
 
     def one(z, tok):
-        z = z.astype(jnp.float32) / temperature
+        z = jnp.maximum(z.astype(jnp.float32) / temperature, _LOGIT_FLOOR)
         lse = jax.nn.logsumexp(z, axis=-1)
         picked = jnp.take_along_axis(z, tok[..., None], axis=-1)[..., 0]
         p = jnp.exp(z - lse[..., None])

@@ -84,6 +84,8 @@ def kl_in_reward(token_scores: jnp.ndarray, old_logp: jnp.ndarray, ref_logp: jnp
       ``(token_rewards [B, T], kl [B, T])`` (the KL itself, for the controller/metrics).
     """
     _checks.check_token_args(token_scores=token_scores, old_logp=old_logp, ref_logp=ref_logp, mask=mask)
+    _checks.check_scalar("coef", coef)
+    _checks.check_float("coef", jnp.asarray(coef, jnp.float32))
     m = _checks.as_mask(mask)
     old, ref = (_checks.zero_outside(_checks.as_float(x), m) for x in (old_logp, ref_logp))
     kl = jax.lax.stop_gradient(kl_penalty(old, ref, kind)) * m

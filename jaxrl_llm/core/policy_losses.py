@@ -3,7 +3,10 @@
 Every function takes ``[B, T]`` float arrays ``logp`` (current policy, carries the
 gradient), ``old_logp`` (behaviour policy), ``advantages`` and a ``mask``, and returns
 ``(loss [B, T], metrics)``: the per-token loss to *minimise* (zero outside the mask) and a
-flat dict of scalar diagnostics (clip fractions, approx KL ``E[old - logp]``, ratio stats).
+flat dict of scalar diagnostics. Every loss reports at least :data:`COMMON_METRICS`
+(``clip_frac``, ``clip_frac_lower`` -- 0 for losses without that clip --, approx KL
+``E[old - logp]``, its low-variance form, ratio mean/max/min), so swapping the loss never
+changes which diagnostics a trainer logs; some add their own (``seq_ratio_mean``, ...).
 Reduce the loss with :func:`jaxrl_llm.core.aggregation.aggregate` (or its ``(sum, weight)``
 form for exact micro-batching); each docstring names the aggregation its paper uses.
 
@@ -30,6 +33,7 @@ from jaxrl_llm.core import _checks
 from jaxrl_llm.core.stats import masked_mean, masked_sum, safe_divide
 
 __all__ = [
+    "COMMON_METRICS",
     "ppo_clip_loss",
     "gppo_loss",
     "gspo_loss",
@@ -50,6 +54,12 @@ __all__ = [
 
 sg = jax.lax.stop_gradient
 _LOG_RATIO_CLAMP = 20.0
+COMMON_METRICS = ("clip_frac", "clip_frac_lower", "approx_kl", "approx_kl_k3", "ratio_mean", "ratio_max",
+                  "ratio_min")
+
+
+def _no_clip(dtype) -> dict[str, jnp.ndarray]:
+    return {"clip_frac": jnp.zeros((), dtype), "clip_frac_lower": jnp.zeros((), dtype)}
 
 
 def _prep(logp, old_logp, advantages, mask, is_weights=None):
@@ -248,8 +258,7 @@ def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg
     ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     tau = jnp.where(adv > 0, tau_pos, tau_neg)
     gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    met = {"clip_frac": jnp.zeros((), lp.dtype), "clip_frac_lower": jnp.zeros((), lp.dtype)}
-    met.update(ratio_metrics(lp - olp, m))
+    met = _no_clip(lp.dtype) | ratio_metrics(lp - olp, m)
     return _finish(-gate * adv, m, is_weights), met
 
 
@@ -262,7 +271,7 @@ def reinforce_loss(logp, advantages, mask, *, old_logp=None, is_weights=None):
     """
     old = logp if old_logp is None else old_logp
     lp, olp, adv, m = _prep(logp, old, advantages, mask, is_weights)
-    met = ratio_metrics(lp - olp, m)
+    met = _no_clip(lp.dtype) | ratio_metrics(lp - olp, m)
     return _finish(-adv * lp, m, is_weights), met
 
 
@@ -340,6 +349,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     covariance and top-k use the statistics of the arrays passed in (per micro-batch).
     """
     _checks.check_positive("kl_cov_ratio", kl_cov_ratio)
+    _checks.check_positive("ppo_kl_coef", ppo_kl_coef, allow_zero=True)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
     lr = lp - olp
     ratio = jnp.exp(jnp.clip(lr, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
@@ -353,7 +363,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     rank = _rank_desc(prio).reshape(lp.shape)
     sel = (m > 0) & (rank < k)
     loss = jnp.where(sel, pl_kl, pl)
-    met = {"kl_cov_frac": masked_mean(sel.astype(lp.dtype), m)}
+    met = _no_clip(lp.dtype) | {"kl_cov_frac": masked_mean(sel.astype(lp.dtype), m)}
     met.update(ratio_metrics(lr, m))
     met["approx_kl_abs"] = masked_mean(jnp.abs(sg(lr)), m)
     return _finish(loss, m, is_weights), met
@@ -407,7 +417,7 @@ def dro_loss(logp, old_logp, advantages, mask, *, beta: float, is_weights=None):
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
     lr = lp - olp
     loss = -(lp * adv - 0.5 * beta * jnp.square(lr))
-    return _finish(loss, m, is_weights), ratio_metrics(lr, m)
+    return _finish(loss, m, is_weights), _no_clip(lp.dtype) | ratio_metrics(lr, m)
 
 
 def _dppo(lp, olp, adv, m, valid, clip_ratio_c, is_weights):
@@ -433,6 +443,8 @@ def dppo_tv_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
     Paper: "DPPO", arXiv:2602.04879 (verl's ``dppo_tv``; ``clip_low/high`` are TV thresholds).
     """
     clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high)
+    _checks.check_positive("clip_ratio_c", clip_ratio_c)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
     dp = jnp.exp(lp) - jnp.exp(olp)
     valid = jnp.where(adv > 0, dp <= clip_high, dp >= -clip_low)
@@ -448,6 +460,8 @@ def dppo_kl_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
     p >= p_old`` (``A <= 0``). Paper: arXiv:2602.04879 (verl's ``dppo_kl``).
     """
     clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high)
+    _checks.check_positive("clip_ratio_c", clip_ratio_c)
     lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
     p, po = jnp.exp(lp), jnp.exp(olp)
     kl = po * (olp - lp) + (1.0 - po) * jnp.log((1.0 - po + 1e-8) / (1.0 - p + 1e-8))
@@ -528,6 +542,10 @@ def rollout_rejection_mask(logp, rollout_logp, mask, *, mode: str = "token_k1",
     """
     _checks.check_choice("mode", mode, _RS_MODES)
     _checks.check_positive("upper", upper)
+    if lower is not None:
+        _checks.check_positive("lower", lower)
+        if lower > upper:
+            raise ValueError(f"argument 'lower' ({lower}) must be <= 'upper' ({upper})")
     _checks.check_token_args(logp=logp, rollout_logp=rollout_logp, mask=mask)
     m = _checks.as_mask(mask)
     lp, rl = (sg(_checks.zero_outside(_checks.as_float(x), m)) for x in (logp, rollout_logp))

@@ -162,6 +162,7 @@ def _log1mexp(x: jnp.ndarray) -> jnp.ndarray:
     domain so that the branch ``jnp.where`` discards cannot put inf/NaN into the gradient.
     """
     t = -math.log(2.0)
+    x = jnp.minimum(x, -1e-7)  # log(1 - e^x) -> -inf at x = 0 (probability 1): cap at log(1e-7)
     small = x < t
     x_small = jnp.where(small, x, t)
     x_large = jnp.where(small, t, x)
@@ -481,7 +482,9 @@ def orpo_loss(chosen_logps: jnp.ndarray, rejected_logps: jnp.ndarray, *, beta: f
     The full ORPO objective is ``nll(chosen) + mean(losses)`` (TRL: ``policy_nll_loss -
     losses.mean()`` with its ``losses = beta log s(log_odds)``): the caller adds the NLL.
     ``log(1 - exp(a))`` is computed with the two-branch ``log1mexp`` (``log1p(-exp(a))`` below
-    ``-log 2``, ``log(-expm1(a))`` above), with NaN-free gradients.
+    ``-log 2``, ``log(-expm1(a))`` above), with NaN-free gradients; ``a`` is capped at
+    ``-1e-7`` first, so a completion of probability 1 in float32 (``a = 0``, where the odds
+    are infinite and TRL returns inf/NaN) gets a finite loss.
 
     Paper: Hong, Lee and Thorne, "ORPO: Monolithic Preference Optimization without Reference
     Model", arXiv:2403.07691 (Eqs. 4 and 7). ``beta`` is the paper's lambda (TRL default 0.1).

@@ -39,6 +39,7 @@ def overlong_penalty(lengths: jnp.ndarray, max_length: int, buffer_length: int,
     """
     _checks.check_rank("lengths", lengths, 1)
     _checks.check_positive("buffer_length", buffer_length)
+    _checks.check_positive("penalty_factor", penalty_factor, allow_zero=True)
     if not 0 < buffer_length <= max_length:
         raise ValueError(f"argument 'buffer_length' must be in (0, max_length={max_length}], got {buffer_length}")
     exceed = jnp.asarray(lengths, jnp.float32) - (max_length - buffer_length)
@@ -113,6 +114,7 @@ def pf_ppo_weights(scores: jnp.ndarray, method: str = "pow", power: float = 2.0)
     """
     _checks.check_rank("scores", scores, 1)
     _checks.check_choice("method", method, ("pow", "max_min", "max_random"))
+    _checks.check_positive("power", power, allow_zero=True)
     s = jnp.asarray(scores, jnp.float32)
     if method == "pow":
         w = jnp.power(jnp.abs(s), power)

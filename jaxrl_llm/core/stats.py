@@ -40,7 +40,11 @@ def safe_divide(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
 
 
 def masked_sum(values: jnp.ndarray, mask: jnp.ndarray, axis: Any = None) -> jnp.ndarray:
-    """Sum of ``values`` where ``mask`` is nonzero. NaN/inf outside the mask are ignored."""
+    """Sum of ``values`` where ``mask`` is nonzero. NaN/inf outside the mask are ignored.
+
+    ``values`` and ``mask`` must have the same shape (no silent broadcasting).
+    """
+    _checks.check_same_shape("values", values, mask=mask)
     m = _checks.as_mask(mask)
     v = _checks.as_float(values)
     return jnp.sum(jnp.where(m > 0, v, 0.0) * m, axis=axis)
@@ -94,7 +98,10 @@ class GroupStats(NamedTuple):
 
 
 def group_sum(x: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int) -> jnp.ndarray:
-    """``[num_groups]`` sums of ``x: [B]`` by group."""
+    """``[num_groups]`` sums of ``x: [B]`` by group (``group_ids`` in ``[0, num_groups)``)."""
+    _checks.check_rank("x", x, 1)
+    _checks.check_groups(group_ids, num_groups, np.shape(x)[0])
+    _check_concrete_ids(group_ids, num_groups)
     return jax.ops.segment_sum(x, group_ids, num_segments=num_groups)
 
 

@@ -148,7 +148,7 @@ for _name in ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "reinf
 EXEMPT = {
     "AGG_MODES": "constant", "AggMode": "type alias", "KL_ESTIMATORS": "constant", "KLControllerState": "NamedTuple",
     "PreferenceOutput": "NamedTuple", "DPO_LOSS_TYPES": "constant", "CPO_LOSS_TYPES": "constant",
-    "GroupStats": "NamedTuple",
+    "GroupStats": "NamedTuple", "COMMON_METRICS": "constant",
     "dense_group_ids": "host-side helper over Python uids (not an array function); tested in test_shaping_stats",
 }
 

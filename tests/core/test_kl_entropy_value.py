@@ -139,3 +139,15 @@ def test_sum_pi_squared_hand_computed_and_chunked():
     for chunk in (1, 3, 10, 64):
         np.testing.assert_allclose(np.asarray(E.chunked_sum_pi_squared(z, chunk, temperature=0.7)), (p ** 2).sum(-1),
                                    rtol=1e-5)
+
+
+def test_minus_inf_logits_are_banned_tokens_not_nans():
+    z = np.array([[[0.0, np.log(3.0), -np.inf, -np.inf]]], np.float32)  # p = (1/4, 3/4, 0, 0)
+    h = -(0.25 * np.log(0.25) + 0.75 * np.log(0.75))
+    np.testing.assert_allclose(np.asarray(E.entropy_from_logits(z)), [[h]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(E.chunked_entropy(z, 1)), [[h]], rtol=1e-6)
+    lp, ent = E.chunked_logprobs_and_entropy(z, np.array([[1]], np.int32), 1)
+    np.testing.assert_allclose([float(lp[0, 0]), float(ent[0, 0])], [np.log(0.75), h], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(E.sum_pi_squared_from_logits(z)), [[0.625]], rtol=1e-6)
+    g = np.asarray(jax.grad(lambda x: jnp.sum(E.chunked_logprobs_and_entropy(x, jnp.array([[1]]), 1)[1]))(z))
+    assert np.all(np.isfinite(g)) and np.all(g[..., 2:] == 0)

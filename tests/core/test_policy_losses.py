@@ -69,6 +69,14 @@ def test_jit_equals_eager(name):
 
 
 @pytest.mark.parametrize("name", LOSSES)
+def test_every_loss_reports_the_common_metrics(name):
+    lp, o, a, m = _inputs(7, seq_adv=name == "gmpo")
+    _, met = LOSSES[name](lp, o, a, m)
+    missing = set(P.COMMON_METRICS) - set(met)
+    assert not missing, f"{name} lacks {missing}"
+
+
+@pytest.mark.parametrize("name", LOSSES)
 def test_all_masked_row_is_finite_with_zero_gradient(name):
     lp, o, a, m = _inputs(1, seq_adv=name == "gmpo")
     m[2] = 0.0
