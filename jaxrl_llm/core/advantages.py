@@ -1,6 +1,6 @@
 """Advantage estimators: pure functions from rewards (and values) to ``[B, T]`` advantages.
 
-Conventions (DESIGN.md section 3): ``scores: [B]`` are sequence rewards, ``mask: [B, T]``
+Conventions: ``scores: [B]`` are sequence rewards, ``mask: [B, T]``
 the response mask, ``group_ids: [B]`` int in ``[0, num_groups)`` marks the samples of one
 prompt (any order), ``num_groups`` is a static Python int. ``valid: [B]`` (optional)
 excludes padding rows from every statistic; their advantages are 0. Outcome advantages are
@@ -150,7 +150,10 @@ def grpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarr
 
 
 def dr_grpo_advantages(scores, mask, group_ids, num_groups, *, valid=None) -> jnp.ndarray:
-    """Dr.GRPO advantage ``A_i = r_i - mean_g r`` (no std division), arXiv:2503.20783.
+    """Dr.GRPO advantage ``A_i = r_i - mean_g r`` (no std division).
+
+    Paper: Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective",
+    arXiv:2503.20783.
 
     Use it with ``seq-mean-token-sum-norm`` aggregation and a constant horizon.
     """
@@ -214,7 +217,9 @@ def reinforce_pp_baseline_advantages(scores, mask, group_ids, num_groups, *, val
 
     ``A_i = r_i - mean_g r`` broadcast to tokens, then ``whiten`` over the masked tokens of
     the batch (unbiased variance, eps 1e-8 inside the root). Singleton groups keep the raw
-    score before whitening (verl). Paper: arXiv:2501.03262.
+    score before whitening (verl).
+
+    Paper: Hu, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models", arXiv:2501.03262.
     """
     s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
     st = group_stats(s, group_ids, num_groups, v)

@@ -18,6 +18,13 @@ mode                        sum                                         weight
 ``seq-mean-token-sum-norm`` sum_i sum_t m L                             #sequences * horizon  [dr_grpo]
 ==========================  ==========================================  ======================
 
+Where the modes come from: ``seq-mean-token-mean`` is GRPO's ``1/G sum_i 1/|o_i| sum_t``
+(Shao et al., "DeepSeekMath", arXiv:2402.03300); ``token-mean`` is DAPO's token-level loss
+(Yu et al., "DAPO", arXiv:2503.14476); ``seq-mean-token-sum-norm`` is Dr.GRPO's constant
+normaliser (Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective",
+arXiv:2503.20783); ``seq-mean-token-sum`` and ``token-sum`` are verl's remaining modes
+(``seq-mean-token-sum`` is TRL's ``luspo``).
+
 ``horizon`` defaults to ``T`` (verl's default ``loss_scale_factor``); pass the maximum
 response length as a constant to keep it fixed across batches (Dr.GRPO, arXiv:2503.20783).
 Fully masked sequences count in no mode. TRL 1.16's ``luspo`` loss type is
@@ -93,5 +100,6 @@ def finalize(total_sum: jnp.ndarray, total_weight: jnp.ndarray) -> jnp.ndarray:
 
 def aggregate(values: jnp.ndarray, mask: jnp.ndarray, mode: str = "token-mean",
               horizon: float | None = None) -> jnp.ndarray:
-    """Scalar aggregate of ``values: [B, T]`` under ``mode`` (see the module table)."""
+    """Scalar aggregate of ``values: [B, T]`` under ``mode`` (see the module table for the
+    formula and the paper of each mode); ``finalize(*aggregate_sum_weight(...))``."""
     return finalize(*aggregate_sum_weight(values, mask, mode, horizon))

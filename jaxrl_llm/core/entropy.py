@@ -3,8 +3,9 @@
 ``[B, T, V]`` logits of a real vocabulary are large (8 x 4096 x 152k float32 is 20 GB); the
 functions here walk over the sequence in chunks of ``chunk_size`` positions in a
 ``fori_loop``, upcasting only one ``[B, chunk, V]`` slice to float32 at a time (the compiled
-temporary memory is measured in ``tests/core/test_kl_entropy_value.py``). (The forward
-pass in ``jaxrl_llm.models`` goes one step further and never materialises the logits.)
+temporary memory is measured in ``tests/core/test_kl_entropy_value.py``). No paper: these
+are the standard softmax identities; verl's ``entropy_from_logits`` and
+``calculate_sum_pi_squared_from_logits`` compute the same values (tested).
 """
 
 from __future__ import annotations

@@ -132,7 +132,11 @@ class KLController(NamedTuple):
 
 
 def fixed_kl_controller(coef: float) -> KLController:
-    """A constant KL coefficient as an ``(init, update)`` pair (``update`` is the identity)."""
+    """A constant KL coefficient as an ``(init, update)`` pair (``update`` is the identity).
+
+    The fixed-beta penalty of Ziegler et al., "Fine-Tuning Language Models from Human
+    Preferences", arXiv:1909.08593 (verl ``FixedKLController``).
+    """
     _checks.check_positive("coef", coef, allow_zero=True)
 
     def init() -> KLControllerState:
@@ -146,7 +150,10 @@ def fixed_kl_controller(coef: float) -> KLController:
 
 
 def adaptive_kl_controller(init_coef: float, target: float, horizon: float) -> KLController:
-    """Adaptive KL coefficient (Ziegler et al., arXiv:1909.08593).
+    """Adaptive KL coefficient.
+
+    Paper: Ziegler et al., "Fine-Tuning Language Models from Human Preferences",
+    arXiv:1909.08593 (verl ``AdaptiveKLController``, tested against it).
 
     ``e = clip(KL / target - 1, -0.2, 0.2)``, ``beta <- beta (1 + e n / horizon)`` where
     ``n`` is the number of samples (or steps) since the last update. Pure and jit-able.

@@ -82,7 +82,11 @@ def _finish(loss, m, is_weights):
 
 def ratio_metrics(log_ratio: jnp.ndarray, mask: jnp.ndarray) -> dict[str, jnp.ndarray]:
     """Diagnostics of ``log_ratio = logp - old_logp``: approx KL ``E[-log_ratio]`` (verl's
-    ``ppo_kl``), low-variance KL ``E[r - 1 - log r]``, ratio mean / max / min over the mask."""
+    ``ppo_kl``), low-variance KL ``E[r - 1 - log r]``, ratio mean / max / min over the mask.
+
+    The two KL estimators are k1 and k3 of Schulman, "Approximating KL Divergence" (2020,
+    blog post; no arXiv id). Returns a dict of float32 scalars.
+    """
     _checks.check_token_args(log_ratio=log_ratio, mask=mask)
     m = _checks.as_mask(mask)
     lr = sg(_checks.zero_outside(_checks.as_float(log_ratio), m))
@@ -344,7 +348,8 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4,
     unspecified). Difference from verl: ``rho`` uses the +-20 log clamp of the other losses
     (verl's is unclamped; equal whenever ``|logp - old_logp| <= 20``).
 
-    Paper: Cui et al., arXiv:2505.22617 (r = 2e-4). ``ppo_kl_coef`` default 1 as the
+    Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models", arXiv:2505.22617 (r = 2e-4). ``ppo_kl_coef`` default 1 as the
     function docs of verl (its config default is 0.1). Like :func:`clip_cov_loss`, the
     covariance and top-k use the statistics of the arrays passed in (per micro-batch).
     """
@@ -378,7 +383,10 @@ def gmpo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.4,
     ``R_i = exp(mean_t d~_t)`` and the sequence loss ``-A_i R_i`` with ``A_i`` the token-mean
     advantage. It is returned broadcast to the response tokens; aggregate with
     ``seq-mean-token-mean`` to get the mean over sequences. ``is_weights`` are reduced to a
-    per-sequence geometric mean (verl).
+    per-sequence geometric mean (verl). GMPO is a sequence-level method: pass sequence-level
+    advantages (constant over each response). With token-level advantages the clip side
+    follows each token's sign while the sequence is weighted by their mean, as in verl's
+    ``geo_mean``, which is rarely what you want.
 
     Paper: Zhao et al., "Geometric-Mean Policy Optimization", arXiv:2507.20673 (clip range
     (e^-0.4, e^0.4)). Difference from verl's ``geo_mean``: verl averages over all ``B`` rows
@@ -440,7 +448,8 @@ def dppo_tv_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
     valid if ``p - p_old <= delta_high`` (``A > 0``) or ``p - p_old >= -delta_low``
     (``A <= 0``). ``L = -A sg(min(rho, c)) logp * valid`` (truncated IS, ``c = 20``).
 
-    Paper: "DPPO", arXiv:2602.04879 (verl's ``dppo_tv``; ``clip_low/high`` are TV thresholds).
+    Paper: Qi et al., "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879 (Divergence PPO; verl's ``dppo_tv``; ``clip_low/high`` are the TV
+    thresholds).
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high)
@@ -457,7 +466,9 @@ def dppo_kl_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
 
     ``KL_bin = p_old log(p_old/p) + (1 - p_old) log((1 - p_old + 1e-8)/(1 - p + 1e-8))``;
     valid if ``KL_bin <= delta_high or p <= p_old`` (``A > 0``), ``KL_bin <= delta_low or
-    p >= p_old`` (``A <= 0``). Paper: arXiv:2602.04879 (verl's ``dppo_kl``).
+    p >= p_old`` (``A <= 0``).
+
+    Paper: Qi et al., "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879 (verl's ``dppo_kl``).
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high)
@@ -535,7 +546,10 @@ def rollout_rejection_mask(logp, rollout_logp, mask, *, mode: str = "token_k1",
     reject the whole sequence. k1 modes keep ``log(lower) <= stat <= log(upper)``
     (``lower`` defaults to ``1/upper``), the others keep ``stat <= upper``. Combine several
     criteria by multiplying the masks. Semantics follow verl's
-    ``compute_rollout_rejection_mask``.
+    ``compute_rollout_rejection_mask`` (verl's rollout-correction "RS" modes; the estimators are
+    Schulman's k1/k2/k3, and the sequence-level masking is the idea of Ling Team, "Every Step
+    Evolves: Scaling RL for Trillion-Scale Thinking Model", arXiv:2510.18855 (IcePop), applied
+    to whole responses).
 
     Returns:
       ``(new_mask [B, T] float, metrics)``.

@@ -87,7 +87,8 @@ def dynamic_sampling_mask(scores: jnp.ndarray, group_ids: jnp.ndarray, num_group
     keeps sampling until enough rows are kept. verl's DAPO recipe keeps one-sample groups;
     set ``keep_singletons=False`` to drop them.
 
-    Paper: Yu et al., arXiv:2503.14476.
+    Paper: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+    arXiv:2503.14476.
     """
     _checks.check_rank("scores", scores, 1)
     b = scores.shape[0]
@@ -128,7 +129,12 @@ def pf_ppo_weights(scores: jnp.ndarray, method: str = "pow", power: float = 2.0)
 def pf_ppo_resample(key: jax.Array, scores: jnp.ndarray, method: str = "pow",
                     power: float = 2.0) -> jnp.ndarray:
     """Indices ``[B]`` of a with-replacement resample of the batch proportional to
-    :func:`pf_ppo_weights` (gather every batch array with them)."""
+    :func:`pf_ppo_weights` (gather every batch array with them).
+
+    Paper: Zhang et al., "Policy Filtration in RLHF to Fine-Tune LLM for Code Generation",
+    arXiv:2409.06957 (verl ``compute_pf_ppo_reweight_data`` resamples the same way with
+    torch's global RNG; here the key is explicit).
+    """
     w = pf_ppo_weights(scores, method, power)
     return jax.random.choice(key, w.shape[0], shape=(w.shape[0],), replace=True, p=w / jnp.sum(w))
 

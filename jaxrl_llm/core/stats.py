@@ -3,7 +3,9 @@
 Shapes: ``B`` batch (responses), ``T`` response length, ``G`` samples per prompt. Groups are
 given by ``group_ids: [B]`` int in ``[0, num_groups)`` with ``num_groups`` a static Python
 int, so any ordering of the batch works (use :func:`dense_group_ids` to map arbitrary
-prompt uids to that range on the host).
+prompt uids to that range on the host). No paper: these are the shared statistics of the
+estimators; ``masked_var``/``masked_whiten`` follow verl's ``verl.utils.torch_functional``
+(unbiased variance), the group statistics its GRPO (``torch.std``, unbiased).
 """
 
 from __future__ import annotations

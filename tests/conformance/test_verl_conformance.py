@@ -20,6 +20,7 @@ from jaxrl_llm.core import aggregation as G
 from jaxrl_llm.core import entropy as E
 from jaxrl_llm.core import kl as K
 from jaxrl_llm.core import policy_losses as P
+from jaxrl_llm.core import shaping as S
 from jaxrl_llm.core import value as V
 from peer import run_oracle
 
@@ -45,6 +46,7 @@ def _batch(seed: int, holes: bool = False, empty_row: bool = False):
     scores = rng.integers(0, 2, B).astype(np.float32)
     scores[gid == gid[0]] = 1.0  # one group with all-equal rewards
     cont = rng.normal(size=B).astype(np.float32)
+    cont[gid == gid[0]] = 0.5  # the same group is all-equal for continuous rewards too
     logp = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
     old = np.clip(logp + rng.normal(0, 0.3, (B, T)), -12, -1e-3).astype(np.float32)
     adv = rng.normal(size=(B, T)).astype(np.float32)
@@ -109,7 +111,7 @@ for seed, kind in itertools.product([0, 1], ["binary", "cont"]):
          tensors={"token_level_rewards": tr, "response_mask": m}, index=gid, gdpo_scores=comps, gdpo_weights=w)
     rand_tr = (d["rng"].normal(size=(B, T)) * m).astype(np.float32)
     for gamma in (1.0, 0.9):
-        dh = _batch(seed, holes=True)
+        dh = _batch(seed, holes=True, empty_row=seed == 1)
         mh = dh["mask"]
         trh = (d["rng"].normal(size=(B, T)) * mh).astype(np.float32)
         case(f"rpp-{seed}-{kind}-{gamma}", lambda r=trh, m=mh, g=gamma: A.reinforce_pp_advantages(r, m, g),
@@ -292,7 +294,7 @@ for seed, (mode_name, (fn, kw, actor, plk, modes)) in itertools.product([0, 1], 
 
 # REINFORCE and bypass mode (rollout correction composed from our pieces)
 for seed in (0, 1):
-    d = _batch(20 + seed, holes=True)
+    d = _batch(20 + seed, holes=True, empty_row=seed == 1)
     wts = d["rng"].uniform(0.5, 1.5, (B, T)).astype(np.float32)
     for mode in AGG:
         cid = f"reinforce-{seed}-{mode}"
@@ -383,9 +385,20 @@ def test_ppo_metrics_match_verl(oracle):
 
 # ---------------------------------------------------------------- entropy, rollout correction, KL controller
 ENT_LOGITS = np.random.default_rng(40).normal(0, 3, (3, 7, 11)).astype(np.float32)
-RC = _batch(41, holes=True)
+RC = _batch(41, holes=True, empty_row=True)
 RC_LR = (RC["logp"] - RC["old"]).astype(np.float32)
+ENT_MASK = (np.arange(7)[None] < np.array([7, 1, 0])[:, None]).astype(np.float32)  # full, length 1, empty
+KL_D = _batch(42, holes=True, empty_row=True)
+PF_SCORES = np.array([0.0, 1.0, -2.0, 1.0, 0.5, -2.0], np.float32)
+OVERLONG_LENGTHS = [1, 10, 11, 15, 16, 20]
 EXTRA = [dict(id="entropy", kind="entropy", logits=ENT_LOGITS),
+         *[dict(id=f"entropy_loss-{mode}", kind="entropy_loss", logits=ENT_LOGITS, mask=ENT_MASK, agg=mode)
+           for mode in AGG],
+         dict(id="compute_rewards", kind="compute_rewards", scores=KL_D["adv"] * KL_D["mask"], old=KL_D["old"],
+              ref=KL_D["logp"], coef=0.05),
+         *[dict(id=f"pf_ppo-{meth}", kind="pf_ppo", token_scores=np.stack([PF_SCORES, 0 * PF_SCORES], 1),
+                method=meth, power=1.5) for meth in ("pow", "max_min", "max_random")],
+         dict(id="dapo_overlong", kind="dapo_overlong", lengths=OVERLONG_LENGTHS, max_len=20, buffer=8, factor=0.7),
          dict(id="sum_pi_sq", kind="sum_pi_sq", logits=ENT_LOGITS, temperature=0.7),
          dict(id="kl_ctrl", kind="kl_ctrl", init=0.2, target=0.05, horizon=100.0,
               kls=[0.01, 0.2, 0.05, 0.07, 0.0], ns=[32, 32, 64, 16, 8])]
@@ -413,6 +426,32 @@ def test_entropy_matches_verl(oracle_extra):
 def test_sum_pi_squared_matches_verl(oracle_extra):
     ours = E.chunked_sum_pi_squared(jnp.asarray(ENT_LOGITS), chunk_size=3, temperature=0.7)
     np.testing.assert_allclose(np.asarray(ours), oracle_extra["sum_pi_sq"]["value"], **TOL)
+
+
+@pytest.mark.parametrize("mode", AGG)
+def test_entropy_loss_matches_verl(oracle_extra, mode):
+    ours = G.aggregate(E.chunked_entropy(jnp.asarray(ENT_LOGITS), 2), ENT_MASK, mode)
+    np.testing.assert_allclose(float(ours), oracle_extra[f"entropy_loss-{mode}"]["value"], **TOL)
+
+
+def test_kl_in_reward_matches_verl_compute_rewards(oracle_extra):
+    d = KL_D
+    r, _ = K.kl_in_reward(d["adv"] * d["mask"], d["old"], d["logp"], d["mask"], 0.05, kind="k1")
+    m = d["mask"]
+    np.testing.assert_allclose(np.asarray(r) * m, oracle_extra["compute_rewards"]["value"] * m, **TOL)
+
+
+@pytest.mark.parametrize("method", ["pow", "max_min", "max_random"])
+def test_pf_ppo_weights_match_verl(oracle_extra, method):
+    ours = S.pf_ppo_weights(PF_SCORES, method, 1.5)
+    np.testing.assert_allclose(np.asarray(ours), oracle_extra[f"pf_ppo-{method}"]["weights"], **TOL)
+
+
+def test_overlong_penalty_matches_verl_dapo_reward_manager(oracle_extra):
+    ours = S.overlong_penalty(np.array(OVERLONG_LENGTHS), max_length=20, buffer_length=8, penalty_factor=0.7)
+    ref = oracle_extra["dapo_overlong"]["value"]
+    np.testing.assert_allclose(np.asarray(ours), ref, **TOL)
+    assert (ref == 0).sum() >= 2 and (ref < 0).sum() >= 3  # both regimes exercised
 
 
 def test_adaptive_kl_controller_matches_verl(oracle_extra):

@@ -113,6 +113,41 @@ def run(c):
         return {"value": npy(vf.entropy_from_logits(t(c["logits"])))}
     if kind == "sum_pi_sq":  # verl's engine divides the logits by the temperature first
         return {"value": npy(vf.calculate_sum_pi_squared_from_logits(t(c["logits"]) / c["temperature"]))}
+    if kind == "compute_rewards":
+        return {"value": npy(ca.compute_rewards(t(c["scores"]), t(c["old"]), t(c["ref"]), c["coef"]))}
+    if kind == "pf_ppo":  # capture the weights verl hands to torch.multinomial
+        from verl import DataProto
+        seen = {}
+        real = torch.multinomial
+
+        def spy(w, n, replacement=False, **kw):
+            seen["w"] = w.clone()
+            return real(w, n, replacement=replacement, **kw)
+        torch.multinomial = spy
+        try:
+            data = DataProto.from_dict(tensors={"token_level_scores": t(c["token_scores"])})
+            ca.compute_pf_ppo_reweight_data(data, c["method"], c["power"])
+        finally:
+            torch.multinomial = real
+        return {"weights": npy(seen["w"])}
+    if kind == "dapo_overlong":  # DAPO reward manager with a zero task score: only the penalty
+        from verl import DataProto
+        from verl.workers.reward_manager.dapo import DAPORewardManager
+        tok = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "", eos_token="</s>")
+        cfg = types.SimpleNamespace(enable=True, len=c["buffer"], penalty_factor=c["factor"], log=False)
+        mgr = DAPORewardManager(tok, num_examine=0, compute_score=lambda **kw: 0.0, max_resp_len=c["max_len"],
+                                overlong_buffer_cfg=cfg)
+        b, r = len(c["lengths"]), c["max_len"]
+        attn = np.zeros((b, 2 + r), np.int64)
+        attn[:, :2] = 1
+        for i, n in enumerate(c["lengths"]):
+            attn[i, 2:2 + n] = 1
+        data = DataProto.from_dict(
+            tensors={"prompts": torch.ones(b, 2, dtype=torch.long), "responses": torch.ones(b, r, dtype=torch.long),
+                     "attention_mask": torch.tensor(attn)},
+            non_tensors={"reward_model": np.array([{"ground_truth": ""}] * b, dtype=object),
+                         "data_source": np.array(["x"] * b, dtype=object)})
+        return {"value": npy(mgr(data).sum(-1))}
     if kind == "entropy_loss":
         return {"value": npy(ca.compute_entropy_loss(t(c["logits"]), t(c["mask"]), c["agg"]))}
     if kind == "rollout_is":

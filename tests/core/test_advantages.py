@@ -1,4 +1,4 @@
-"""Test battery for the advantage estimators (DESIGN.md 3.12) and the paper identities."""
+"""Test battery for the advantage estimators (jit, masks, order, vmap, bf16) and the paper identities."""
 
 from __future__ import annotations
 

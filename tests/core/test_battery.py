@@ -1,4 +1,4 @@
-"""The generic DESIGN.md 3.12 battery, applied to *every* public function of jaxrl_llm.core.
+"""The generic test battery, applied to *every* public function of jaxrl_llm.core.
 
 For each function: jit == eager, vmap over a stack of two input sets == two calls, bf16 inputs
 give finite float32 outputs, and an all-masked (or all-invalid) batch gives finite outputs.

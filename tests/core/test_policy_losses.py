@@ -1,4 +1,4 @@
-"""Test battery for the policy losses (DESIGN.md 3.12) and the GPPO / GSPO identities."""
+"""Test battery for the policy losses (jit, masks, gradients, vmap, bf16) and the GPPO / GSPO identities."""
 
 from __future__ import annotations
 
