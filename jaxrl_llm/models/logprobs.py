@@ -1,0 +1,88 @@
+"""Per-token log-probabilities and entropies of given tokens, from final hidden states.
+
+The logits of a real vocabulary are the largest activation of RL training (``[B, T, V]``
+float32 is 20 GB for 8 x 4096 x 152k). Here they exist one ``[B, chunk, V]`` slice at a
+time: the sequence is walked in chunks inside a ``lax.scan`` whose body is rematerialised
+(``jax.checkpoint``), so the backward pass recomputes each slice instead of storing it.
+Peak logits memory is ``B * chunk * V * 4`` bytes in both passes (measured in
+``benchmarks/logprobs_memory.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core import _checks
+
+__all__ = ["token_logprobs", "sequence_logprobs"]
+
+
+def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
+                   temperature: float = 1.0, with_entropy: bool = True, compute_dtype: Any = None
+                   ) -> tuple[jax.Array, jax.Array | None]:
+    """``log softmax(h W / temperature)[target]`` and the entropy of that distribution.
+
+    Args:
+      hidden: ``[B, T, D]`` final hidden states (position ``t`` predicts ``targets[:, t]``).
+      unembedding: ``[D, V]`` output projection (``model.unembedding()``).
+      targets: ``[B, T]`` int token ids.
+      chunk_size: sequence positions per logits slice (``T`` is padded up to a multiple).
+      temperature: the sampler's temperature (logprobs of the *sampling* distribution).
+      compute_dtype: matmul input dtype (default: ``hidden``'s); accumulation is float32.
+
+    Returns:
+      ``(logp [B, T], entropy [B, T] or None)`` float32; gradients flow to ``hidden`` and
+      ``unembedding``.
+    """
+    _checks.check_rank("hidden", hidden, 3)
+    _checks.check_rank("unembedding", unembedding, 2)
+    _checks.check_rank("targets", targets, 2)
+    _checks.check_int("targets", targets)
+    _checks.check_static_int("chunk_size", chunk_size)
+    _checks.check_positive("temperature", temperature)
+    b, t, d = hidden.shape
+    if targets.shape != (b, t):
+        raise ValueError(f"argument 'targets' must have shape {(b, t)} (hidden's [B, T]), got {targets.shape}")
+    if unembedding.shape[0] != d:
+        raise ValueError(f"argument 'unembedding' must be [D={d}, V], got {unembedding.shape}")
+    dt = jnp.dtype(compute_dtype or hidden.dtype)
+    c = min(chunk_size, t)
+    n = -(-t // c)
+    pad = n * c - t
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
+    y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(hc, yc, w):
+        z = jnp.einsum("bcd,dv->bcv", hc.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+        z = z / temperature
+        lse = jax.nn.logsumexp(z, axis=-1)
+        lp = jnp.take_along_axis(z, yc[..., None], axis=-1)[..., 0] - lse
+        if not with_entropy:
+            return lp, jnp.zeros_like(lp)
+        p = jnp.exp(z - lse[..., None])
+        return lp, lse - jnp.sum(p * z, axis=-1)
+
+    def body(_, xs):
+        return None, one(xs[0], xs[1], unembedding)
+
+    _, (lp, ent) = jax.lax.scan(body, None, (h, y))
+    lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    return lp, (ent if with_entropy else None)
+
+
+def sequence_logprobs(model, tokens: jax.Array, mask: jax.Array, *, chunk_size: int = 128,
+                      temperature: float = 1.0, with_entropy: bool = True, positions=None, segment_ids=None
+                      ) -> tuple[jax.Array, jax.Array | None]:
+    """Teacher-forced log-probs of ``tokens[:, 1:]`` under ``model`` (an LM-head Transformer).
+
+    Returns ``[B, L - 1]`` arrays: entry ``t`` is the log-prob of ``tokens[:, t + 1]`` given
+    the tokens before it (multiply by ``mask[:, 1:]`` and a response mask as needed).
+    """
+    hidden, _ = model(tokens, mask, positions=positions, segment_ids=segment_ids)
+    return token_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size=chunk_size,
+                          temperature=temperature, with_entropy=with_entropy)

@@ -1,0 +1,393 @@
+"""Decoder-only transformer in Flax NNX: one implementation for Llama, Mistral, Qwen2/2.5,
+Qwen3 and GPT-2.
+
+Layout. Layer parameters are *stacked* (leading layer axis, created with ``nnx.vmap``) and
+the layers run in a ``lax.scan``, so compile time does not grow with depth. Every parameter
+carries ``logical_axes`` metadata (``"embed"``, ``"heads"``, ``"mlp"`` ...) that
+:mod:`jaxrl_llm.parallel.sharding` maps to mesh axes. Kernels are stored in the layout the
+einsums use: q ``[D, H, Dh]``, k/v ``[D, K, Dh]``, o ``[H, Dh, D]``, MLP ``[D, F]``/``[F, D]``.
+
+Attention takes left- or right-padded batches (``mask``), derives rope positions from the
+mask (``cumsum(mask) - 1``, as HF ``generate`` does) unless ``positions`` are given, and
+handles packed sequences (``segment_ids``: tokens attend only within their segment,
+positions restart per segment) and per-layer sliding windows (Mistral, Qwen2). Softmax,
+norms and logits run in float32 whatever the compute dtype.
+
+KV cache. :func:`init_cache` allocates ``[L, B, S, K, Dh]`` buffers; calling the model with
+``cache=`` writes the new keys/values at slot ``cache.index`` and attends over all valid
+slots. The cache is threaded through the layer scan as a carry and updated with
+``dynamic_update_slice``, so a jitted step that donates it updates it in place. The same
+call serves prefill (``T = prompt length``) and decoding (``T = 1``).
+
+Functional boundary (the library's convention): ``graphdef, params = nnx.split(model)``;
+jitted code takes ``params`` and calls :func:`apply`, which merges inside.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.models.config import ModelConfig
+
+__all__ = [
+    "LoRAParam",
+    "KVCache",
+    "Transformer",
+    "init_cache",
+    "apply",
+    "positions_from_mask",
+    "positions_from_segments",
+    "attention",
+    "trainable",
+]
+
+_NEG = -1e30  # additive mask value: finite, so fully masked rows stay NaN-free
+
+
+class LoRAParam(nnx.Variable):
+    """LoRA adapter weights: with LoRA on, these are the only trainable variables."""
+
+
+def trainable(cfg: ModelConfig):
+    """NNX filter of the trained variables: the LoRA adapters when ``cfg.lora`` is set, else
+    every ``nnx.Param``. ``graphdef, train, frozen = nnx.split(model, trainable(cfg), ...)``
+    separates what the optimiser updates and checkpoints from the frozen base weights."""
+    return LoRAParam if cfg.lora is not None else nnx.Param
+
+
+class KVCache(NamedTuple):
+    k: jax.Array  # [L, B, S, K, Dh]
+    v: jax.Array  # [L, B, S, K, Dh]
+    valid: jax.Array  # [B, S] bool: slot holds a real (non-padding) token
+    index: jax.Array  # [] int32: next slot to write
+    next_position: jax.Array  # [B] int32: rope position of the next real token of each row
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = None) -> KVCache:
+    """Empty cache for ``batch`` rows of up to ``max_len`` tokens (prompt + generated)."""
+    dt = jnp.dtype(dtype or cfg.dtype)
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((batch, max_len), bool),
+                   jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32))
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """Rope positions ``[B, T]`` of a padded batch: ``cumsum(mask) - 1``, 0 at leading pads."""
+    m = jnp.asarray(mask).astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(m, axis=-1) - 1, 0)
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """Positions that restart at 0 at every new segment of a packed row ``[B, T]``."""
+    seg = jnp.asarray(segment_ids)
+    t = jnp.arange(seg.shape[-1])
+    start = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=-1)
+    first = jax.lax.cummax(jnp.where(start, t, 0), axis=seg.ndim - 1)
+    return (t - first).astype(jnp.int32)
+
+
+def _act(name: str):
+    return {"silu": jax.nn.silu, "relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+            "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}[name]
+
+
+def _normal(rngs: nnx.Rngs, shape, std, dtype):
+    return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+class Proj(nnx.Module):
+    """``y = x . W (+ b)`` contracting the last ``len(in_shape)`` axes of ``x``, plus LoRA.
+
+    LoRA (when ``target`` is in ``cfg.lora.targets``): ``y += s (x . A) . B`` with ``A`` of
+    shape ``in_shape + (r,)`` ~ N(0, 1/fan_in), ``B`` of shape ``(r,) + out_shape`` zero.
+    Matmuls take ``cfg.dtype`` inputs and accumulate in float32.
+    """
+
+    def __init__(self, in_shape, out_shape, in_axes, out_axes, *, bias: bool, cfg: ModelConfig,
+                 rngs: nnx.Rngs, target: str | None = None, std: float = 0.02):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.n_in = len(in_shape)
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.kernel = nnx.Param(_normal(rngs, tuple(in_shape) + tuple(out_shape), std, pdt),
+                                logical_axes=tuple(in_axes) + tuple(out_axes))
+        self.bias = nnx.Param(jnp.zeros(out_shape, pdt), logical_axes=tuple(out_axes)) if bias else None
+        lora = cfg.lora
+        if lora is not None and target in lora.targets:
+            fan_in = int(np.prod(in_shape))
+            self.lora_a = LoRAParam(_normal(rngs, tuple(in_shape) + (lora.rank,), 1.0 / math.sqrt(fan_in), pdt),
+                                    logical_axes=tuple(in_axes) + ("lora_rank",))
+            self.lora_b = LoRAParam(jnp.zeros((lora.rank,) + tuple(out_shape), pdt),
+                                    logical_axes=("lora_rank",) + tuple(out_axes))
+            self.lora_scale = float(lora.scale)
+        else:
+            self.lora_a = self.lora_b = None
+            self.lora_scale = 0.0
+
+    def _dot(self, x, w):
+        n = self.n_in
+        dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))
+        return jax.lax.dot_general(x.astype(self.dtype), w.astype(self.dtype), dims,
+                                   preferred_element_type=jnp.float32)
+
+    def __call__(self, x):
+        y = self._dot(x, self.kernel[...])
+        if self.bias is not None:
+            y = y + self.bias[...].astype(jnp.float32)
+        if self.lora_a is not None:
+            xa = self._dot(x, self.lora_a[...])
+            dims = (((xa.ndim - 1,), (0,)), ((), ()))
+            y = y + self.lora_scale * jax.lax.dot_general(xa.astype(self.dtype), self.lora_b[...].astype(self.dtype),
+                                                          dims, preferred_element_type=jnp.float32)
+        return y.astype(self.dtype)
+
+    def merged_kernel(self) -> jax.Array:
+        """``W + s A B`` (float32): the kernel to export with the adapter folded in."""
+        w = self.kernel[...].astype(jnp.float32)
+        if self.lora_a is None:
+            return w
+        a, b = self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32)
+        return w + self.lora_scale * jnp.tensordot(a, b, axes=1)
+
+
+class Norm(nnx.Module):
+    """RMSNorm (``x / sqrt(mean x^2 + eps) * w``) or LayerNorm, computed in float32."""
+
+    def __init__(self, dim: int, cfg: ModelConfig, axis_name: str = "norm"):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.kind, self.eps, self.dtype = cfg.norm, float(cfg.norm_eps), jnp.dtype(cfg.dtype)
+        self.scale = nnx.Param(jnp.ones((dim,), pdt), logical_axes=(axis_name,))
+        self.bias = nnx.Param(jnp.zeros((dim,), pdt), logical_axes=(axis_name,)) if cfg.norm == "layer" else None
+
+    def __call__(self, x):
+        x = x.astype(jnp.float32)
+        if self.kind == "rms":
+            y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+            return (self.scale[...].astype(jnp.float32) * y).astype(self.dtype)
+        mu = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+        y = (x - mu) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rot * sin).astype(x.dtype)
+
+
+def attention(q, k, v, *, q_slot, k_slot, k_valid, window=None, q_seg=None, k_seg=None, scale=None):
+    """Grouped-query attention with causal, padding, segment and sliding-window masking.
+
+    Args:
+      q: ``[B, T, H, Dh]``; k, v: ``[B, S, K, Dh]`` with ``H % K == 0``.
+      q_slot: ``[T]`` slot index of each query; k_slot: ``[S]`` of each key (causal:
+        ``k_slot <= q_slot``). k_valid: ``[B, S]`` keys that are real tokens.
+      window: scalar int, 0 = none; else keys with ``k_slot <= q_slot - window`` are hidden
+        (HF's ``sliding_window`` convention). q_seg/k_seg: ``[B, T]``/``[B, S]`` segment ids.
+
+    Returns:
+      ``[B, T, H, Dh]`` in ``v.dtype``. Queries with no visible key (padding) get a finite
+      average of the values; callers mask them.
+    """
+    b, t, h, dh = q.shape
+    kh = k.shape[2]
+    g = h // kh
+    scale = dh ** -0.5 if scale is None else scale
+    qg = q.reshape(b, t, kh, g, dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    allowed = (k_slot[None, None, :] <= q_slot[None, :, None]) & k_valid[:, None, :]  # [B, T, S]
+    if window is not None:
+        win = jnp.asarray(window)
+        allowed &= (win <= 0) | (k_slot[None, None, :] > q_slot[None, :, None] - win)
+    if q_seg is not None:
+        allowed &= q_seg[:, :, None] == k_seg[:, None, :]
+    s = jnp.where(allowed[:, None, None], s, _NEG)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(b, t, h, dh).astype(v.dtype)
+
+
+class Block(nnx.Module):
+    """One pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, kh, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        p = dict(cfg=cfg, rngs=rngs)
+        self.attn_norm = Norm(d, cfg)
+        self.q = Proj((d,), (h, dh), ("embed",), ("heads", "head_dim"), bias=cfg.qkv_bias, target="q", **p)
+        self.k = Proj((d,), (kh, dh), ("embed",), ("kv_heads", "head_dim"), bias=cfg.qkv_bias, target="k", **p)
+        self.v = Proj((d,), (kh, dh), ("embed",), ("kv_heads", "head_dim"), bias=cfg.qkv_bias, target="v", **p)
+        self.o = Proj((h, dh), (d,), ("heads", "head_dim"), ("embed",), bias=cfg.o_bias, target="o", **p)
+        self.q_norm = Norm(dh, cfg) if cfg.qk_norm else None
+        self.k_norm = Norm(dh, cfg) if cfg.qk_norm else None
+        self.mlp_norm = Norm(d, cfg)
+        self.gate = Proj((d,), (f,), ("embed",), ("mlp",), bias=cfg.mlp_bias, target="gate", **p) \
+            if cfg.gated_mlp else None
+        self.up = Proj((d,), (f,), ("embed",), ("mlp",), bias=cfg.mlp_bias, target="up", **p)
+        self.down = Proj((f,), (d,), ("mlp",), ("embed",), bias=cfg.mlp_bias, target="down", **p)
+        self.act = cfg.activation
+        self.rope = cfg.position == "rope"
+
+    def __call__(self, x, cos, sin, kv_fn, **attn_kw):
+        hn = self.attn_norm(x)
+        q, k, v = self.q(hn), self.k(hn), self.v(hn)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = _rotate(q, cos[:, :, None], sin[:, :, None]), _rotate(k, cos[:, :, None], sin[:, :, None])
+        keys, values = kv_fn(k, v)
+        a = attention(q, keys, values, **attn_kw)
+        x = x + self.o(a)
+        hn = self.mlp_norm(x)
+        u = self.up(hn)
+        u = _act(self.act)(self.gate(hn)) * u if self.gate is not None else _act(self.act)(u)
+        return x + self.down(u)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only transformer with an LM head (``head="lm"``) or a score head
+    (``head="score"``: ``[D, num_labels]``, the value / reward head of HF
+    ``*ForSequenceClassification`` models).
+
+    ``__call__`` returns ``(hidden [B, T, D], cache)``: the final-norm hidden states, so that
+    callers choose what to compute from them -- :meth:`logits` for a few positions,
+    :func:`jaxrl_llm.models.logprobs.token_logprobs` for chunked log-probs of given tokens
+    (never the whole ``[B, T, V]``), :meth:`scores` for the score head.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, head: str = "lm"):
+        if head not in ("lm", "score"):
+            raise ValueError(f"argument 'head' must be 'lm' or 'score', got {head!r}")
+        self.cfg = cfg
+        self.head = head
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.embed = nnx.Param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), 0.02, pdt),
+                               logical_axes=("vocab", "embed"))
+        self.pos_embed = nnx.Param(_normal(rngs, (cfg.max_position_embeddings, cfg.hidden_size), 0.01, pdt),
+                                   logical_axes=("positions", "embed")) if cfg.position == "learned" else None
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_blocks(r):
+            return Block(cfg, r)
+
+        self.blocks = make_blocks(rngs)
+        self.final_norm = Norm(cfg.hidden_size, cfg)
+        self.lm_head = Proj((cfg.hidden_size,), (cfg.vocab_size,), ("embed",), ("vocab",), bias=False, cfg=cfg,
+                            rngs=rngs) if head == "lm" and not cfg.tie_embeddings else None
+        self.score = Proj((cfg.hidden_size,), (cfg.num_labels,), ("embed",), ("labels",), bias=False, cfg=cfg,
+                          rngs=rngs) if head == "score" else None
+
+    # ------------------------------------------------------------------ forward
+    def __call__(self, tokens, mask=None, positions=None, segment_ids=None, cache: KVCache | None = None):
+        cfg = self.cfg
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim != 2:
+            raise ValueError(f"argument 'tokens' must be [B, T] ints, got shape {tokens.shape}")
+        b, t = tokens.shape
+        mask = jnp.ones((b, t), bool) if mask is None else jnp.asarray(mask).astype(bool)
+        if mask.shape != (b, t):
+            raise ValueError(f"argument 'mask' must have shape {(b, t)} (tokens'), got {mask.shape}")
+        if segment_ids is not None and cache is not None:
+            raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
+        if positions is None:
+            if cache is not None:
+                positions = cache.next_position[:, None] + positions_from_mask(mask) * mask
+            elif segment_ids is not None:
+                positions = positions_from_segments(segment_ids)
+            else:
+                positions = positions_from_mask(mask)
+        positions = jnp.asarray(positions, jnp.int32)
+        dt = jnp.dtype(cfg.dtype)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        cos = sin = None
+        if cfg.position == "learned":
+            x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(dt)
+        else:
+            inv, att = cfg.rope()
+            freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(inv)
+            emb = jnp.concatenate([freqs, freqs], axis=-1)
+            cos, sin = (jnp.cos(emb) * att).astype(dt), (jnp.sin(emb) * att).astype(dt)
+
+        if cache is None:
+            slots = jnp.arange(t)
+            attn_kw = dict(q_slot=slots, k_slot=slots, k_valid=mask)
+            if segment_ids is not None:
+                seg = jnp.asarray(segment_ids)
+                attn_kw.update(q_seg=seg, k_seg=seg)
+        else:
+            s = cache.k.shape[2]
+            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))
+            attn_kw = dict(q_slot=cache.index + jnp.arange(t), k_slot=jnp.arange(s), k_valid=valid)
+
+        gd, layer_state = nnx.split(self.blocks)
+        windows = jnp.asarray(cfg.layer_windows())
+
+        def body(carry, xs):
+            h, ck, cv = carry
+            st, win, layer = xs
+            block = nnx.merge(gd, st)
+            if cache is None:
+                def kv_fn(k, v):
+                    return k, v
+            else:
+                def kv_fn(k, v):
+                    nonlocal ck, cv
+                    ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, cache.index, 0, 0))
+                    cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, cache.index, 0, 0))
+                    return (jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False),
+                            jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False))
+            h = block(h, cos, sin, kv_fn, window=win, **attn_kw)
+            return (h, ck, cv), None
+
+        if cfg.remat != "none":
+            policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+            body = jax.checkpoint(body, policy=policy)
+        ck = cv = None
+        if cache is not None:
+            ck, cv = cache.k, cache.v
+        (h, ck, cv), _ = jax.lax.scan(body, (x, ck, cv), (layer_state, windows, jnp.arange(cfg.num_layers)))
+        h = self.final_norm(h)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(ck, cv, attn_kw["k_valid"], cache.index + t,
+                                cache.next_position + jnp.sum(mask, axis=-1).astype(jnp.int32))
+        return h, new_cache
+
+    # ------------------------------------------------------------------ heads
+    def unembedding(self) -> jax.Array:
+        """``[D, V]`` output projection (the transposed embedding when tied)."""
+        if self.head != "lm":
+            raise ValueError("this model has a score head, not an LM head")
+        if self.lm_head is None:
+            return self.embed[...].T
+        return self.lm_head.merged_kernel() if self.lm_head.lora_a is not None else self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits ``[..., V]`` of final hidden states (use on few positions only)."""
+        w = self.unembedding()
+        dt = jnp.dtype(self.cfg.dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+
+    def scores(self, hidden: jax.Array) -> jax.Array:
+        """float32 score-head outputs ``[..., num_labels]`` (value per token, or pool first)."""
+        if self.score is None:
+            raise ValueError("this model has no score head (create it with head='score')")
+        return self.score(hidden).astype(jnp.float32)
+
+
+def apply(graphdef: nnx.GraphDef, params: Any, tokens, mask=None, positions=None, segment_ids=None,
+          cache: KVCache | None = None, *others: Any):
+    """Functional forward: ``nnx.merge(graphdef, params, *others)(tokens, ...)``.
+
+    ``others`` are further state parts of the split (e.g. the frozen base weights when
+    ``params`` holds only the LoRA adapters).
+    """
+    model = nnx.merge(graphdef, params, *others)
+    return model(tokens, mask=mask, positions=positions, segment_ids=segment_ids, cache=cache)

@@ -1,0 +1,151 @@
+"""Meshes and logical-axis sharding rules.
+
+Arrays carry *logical* axis names (``"embed"``, ``"heads"``, ``"batch"`` ...); a small rules
+table maps each name to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``).
+Changing the parallelism strategy means changing the table, not the model. A dimension that
+the mesh axes do not divide evenly is replicated rather than failing (e.g. SmolLM2's 9 heads
+on a 2-way tensor axis), and a mesh axis is never used twice in one array.
+
+Meshes are created with ``AxisType.Auto`` axes: on this jax, ``jax.make_mesh`` defaults to
+Explicit axes, under which ops mixing differently sharded arrays raise
+``ShardingTypeError``; Auto lets XLA's SPMD partitioner propagate shardings from the
+inputs, which is what the pjit-style ``in_shardings``/``out_shardings`` of our steps rely on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = [
+    "MESH_AXES",
+    "DEFAULT_RULES",
+    "make_mesh",
+    "logical_to_spec",
+    "logical_sharding",
+    "variable_axes",
+    "state_shardings",
+    "shard_state",
+]
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical name -> mesh axis, tuple of mesh axes, or None (replicated)
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("layers", None),
+    ("lora_rank", None),
+    ("labels", None),
+    ("norm", None),
+    ("positions", None),
+    ("seq", None),
+    ("cache_seq", None),
+)
+
+
+def make_mesh(shape: Sequence[int] = (1, 1, 1), axes: Sequence[str] = MESH_AXES,
+              devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh of ``shape`` over ``axes`` (Auto axis types), from ``devices`` or all devices.
+
+    ``prod(shape)`` must equal the number of devices used.
+    """
+    shape, axes = tuple(int(s) for s in shape), tuple(axes)
+    if len(shape) != len(axes):
+        raise ValueError(f"mesh shape {shape} and axes {axes} differ in length")
+    devs = list(jax.devices() if devices is None else devices)
+    n = math.prod(shape)
+    if n != len(devs):
+        raise ValueError(f"mesh shape {shape} needs {n} devices, got {len(devs)}")
+    types = (jax.sharding.AxisType.Auto,) * len(axes)
+    return jax.make_mesh(shape, axes, axis_types=types, devices=devs)
+
+
+def _rules_dict(rules: Iterable[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, target in rules:
+        out[name] = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return out
+
+
+def logical_to_spec(names: Sequence[str | None], rules: Iterable[tuple[str, Any]] = DEFAULT_RULES,
+                    mesh: Mesh | None = None, shape: Sequence[int] | None = None) -> PartitionSpec:
+    """``PartitionSpec`` for an array whose axes have the logical ``names``.
+
+    With ``mesh`` and ``shape``, mesh axes absent from the mesh, of size 1, already used by an
+    earlier dimension, or not dividing the dimension are dropped (that dimension is then
+    sharded over the remaining axes or replicated).
+    """
+    table = _rules_dict(rules)
+    used: set[str] = set()
+    spec = []
+    for i, name in enumerate(names):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"logical axis {name!r} has no sharding rule (known: {sorted(table)})")
+        chosen = []
+        size = 1
+        for ax in table[name]:
+            if ax in used:
+                continue
+            if mesh is not None:
+                if ax not in mesh.shape or mesh.shape[ax] == 1:
+                    continue
+                if shape is not None and shape[i] % (size * mesh.shape[ax]) != 0:
+                    continue
+                size *= mesh.shape[ax]
+            chosen.append(ax)
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+    while spec and spec[-1] is None:
+        spec.pop()
+    return PartitionSpec(*spec)
+
+
+def logical_sharding(names: Sequence[str | None], mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES,
+                     shape: Sequence[int] | None = None) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(names, rules, mesh, shape))
+
+
+def variable_axes(var: Any) -> tuple[str | None, ...]:
+    """Logical axes of an NNX variable (its ``logical_axes`` metadata).
+
+    Variables of the scanned layer stack have one more dimension than their metadata names
+    (the layer axis, created by ``nnx.vmap``): ``"layers"`` is prepended for them.
+    """
+    value = var.get_value()
+    ndim = len(np.shape(value))
+    axes = tuple(getattr(var, "logical_axes", None) or (None,) * ndim)
+    if len(axes) == ndim - 1:
+        axes = ("layers",) + axes
+    if len(axes) != ndim:
+        raise ValueError(f"variable of shape {np.shape(value)} has logical axes {axes}")
+    return axes
+
+
+def state_shardings(state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> Any:
+    """Pytree of ``NamedSharding`` matching an NNX ``State`` (concrete or abstract)."""
+    from flax import nnx
+
+    def one(var):
+        value = var.get_value()
+        return var.replace(logical_sharding(variable_axes(var), mesh, rules, np.shape(value)))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_state(state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> Any:
+    """``device_put`` every variable of ``state`` onto its logical sharding."""
+    shardings = state_shardings(state, mesh, rules)
+    return jax.device_put(state, shardings)
