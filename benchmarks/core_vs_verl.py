@@ -29,6 +29,9 @@ import numpy as np
 
 import jaxrl_llm as jl
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import write_section  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(64, 512, 8), (256, 1024, 8), (512, 2048, 16)]  # (B, T, G)
 
@@ -109,26 +112,16 @@ def main():
         rows.append(f"| {b} x {t} (G={group}) | {ours_s * 1e3:.2f} | {verl['median'] * 1e3:.2f} | "
                     f"{verl['median'] / ours_s:.1f}x | {err:.1e} |")
         print(rows[-1], flush=True)
-    header = (f"## core_vs_verl\n\nGRPO advantages + clip-higher PPO loss (dual clip) + k3 KL, token-mean, and the "
-              f"gradient w.r.t. the logprobs, per micro-batch. Median of {a.repeats} runs after warm-up; jaxrl_llm "
-              f"jitted on XLA:CPU (jax {jax.__version__}), verl 0.9.1 eager on torch {verl['torch']} "
-              f"({verl['threads']} threads), float32, same inputs, same run. Machine: {platform.machine()}, "
-              f"{os.cpu_count()} cores. Reproduce: `.venv/bin/python benchmarks/core_vs_verl.py --write`.\n\n"
-              "| batch (B x T) | jaxrl_llm ms | verl ms | speed-up | max grad diff / max grad |\n|---|---|---|---|---|\n")
-    section = header + "\n".join(rows) + "\n"
-    print(section)
+    body = (f"GRPO advantages + clip-higher PPO loss (dual clip) + k3 KL, token-mean, and the "
+            f"gradient w.r.t. the logprobs, per micro-batch. Median of {a.repeats} runs after warm-up; jaxrl_llm "
+            f"jitted on XLA:CPU (jax {jax.__version__}), verl 0.9.1 eager on torch {verl['torch']} "
+            f"({verl['threads']} threads), float32, same inputs, same run. Machine: {platform.machine()}, "
+            f"{os.cpu_count()} cores. Reproduce: `.venv/bin/python benchmarks/core_vs_verl.py --write`.\n\n"
+            "| batch (B x T) | jaxrl_llm ms | verl ms | speed-up | max grad diff / max grad |\n|---|---|---|---|---|\n"
+            + "\n".join(rows))
+    print(body)
     if a.write:
-        path = ROOT / "docs" / "benchmarks.md"
-        text = path.read_text() if path.exists() else "# Benchmarks\n\nSide-by-side measurements; each section names its command.\n\n"
-        start = text.find("## core_vs_verl")
-        if start >= 0:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + ("" if end < 0 else text[end:])
-        else:
-            text = text.rstrip() + "\n\n" + section
-        path.write_text(text)
-        print(f"wrote {path}")
-
+        write_section("core_vs_verl", body)
 
 if __name__ == "__main__":
     sys.exit(main())
