@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks
+from jaxrl_llm.parallel.sharding import constrain
 
 __all__ = ["token_logprobs", "sequence_logprobs"]
 
@@ -58,6 +59,7 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     @jax.checkpoint
     def one(hc, yc, w):
         z = jnp.einsum("bcd,dv->bcv", hc.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+        z = constrain(z, ("act_batch", "act_seq", "act_vocab"))
         z = z / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
         lp = jnp.take_along_axis(z, yc[..., None], axis=-1)[..., 0] - lse

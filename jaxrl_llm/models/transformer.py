@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig
+from jaxrl_llm.parallel.sharding import constrain
 
 __all__ = [
     "LoRAParam",
@@ -236,18 +237,21 @@ class Block(nnx.Module):
 
     def __call__(self, x, cos, sin, kv_fn, **attn_kw):
         hn = self.attn_norm(x)
-        q, k, v = self.q(hn), self.k(hn), self.v(hn)
+        q = constrain(self.q(hn), ("act_batch", "act_seq", "act_heads", None))
+        k = constrain(self.k(hn), ("act_batch", "act_seq", "act_kv_heads", None))
+        v = constrain(self.v(hn), ("act_batch", "act_seq", "act_kv_heads", None))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = _rotate(q, cos[:, :, None], sin[:, :, None]), _rotate(k, cos[:, :, None], sin[:, :, None])
         keys, values = kv_fn(k, v)
         a = attention(q, keys, values, **attn_kw)
-        x = x + self.o(a)
+        x = constrain(x + self.o(a), ("act_batch", "act_seq", "act_embed"))
         hn = self.mlp_norm(x)
         u = self.up(hn)
         u = _act(self.act)(self.gate(hn)) * u if self.gate is not None else _act(self.act)(u)
-        return x + self.down(u)
+        u = constrain(u, ("act_batch", "act_seq", "act_mlp"))
+        return constrain(x + self.down(u), ("act_batch", "act_seq", "act_embed"))
 
 
 class Transformer(nnx.Module):
@@ -305,7 +309,7 @@ class Transformer(nnx.Module):
                 positions = positions_from_mask(mask)
         positions = jnp.asarray(positions, jnp.int32)
         dt = jnp.dtype(cfg.dtype)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt), ("act_batch", "act_seq", "act_embed"))
         cos = sin = None
         if cfg.position == "learned":
             x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(dt)

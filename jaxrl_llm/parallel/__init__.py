@@ -1,6 +1,7 @@
 """Meshes, logical-axis sharding rules and (later) multi-host set-up."""
 
 from jaxrl_llm.parallel.sharding import *  # noqa: F401,F403
+from jaxrl_llm.parallel.sharding import constrain, logical_rules  # noqa: F401
 from jaxrl_llm.parallel import sharding
 
 __all__ = list(sharding.__all__)

@@ -6,6 +6,11 @@ Changing the parallelism strategy means changing the table, not the model. A dim
 the mesh axes do not divide evenly is replicated rather than failing (e.g. SmolLM2's 9 heads
 on a 2-way tensor axis), and a mesh axis is never used twice in one array.
 
+Activations get the same treatment through :func:`constrain`, with their own logical names
+(``act_batch``, ``act_heads`` ...: activations are split by batch where parameters are split
+by ``fsdp``). It applies a sharding constraint only when a mesh is set (``with
+jax.set_mesh(mesh):``) and is the identity otherwise, so model code calls it unconditionally.
+
 Meshes are created with ``AxisType.Auto`` axes: on this jax, ``jax.make_mesh`` defaults to
 Explicit axes, under which ops mixing differently sharded arrays raise
 ``ShardingTypeError``; Auto lets XLA's SPMD partitioner propagate shardings from the
@@ -30,6 +35,8 @@ __all__ = [
     "variable_axes",
     "state_shardings",
     "shard_state",
+    "constrain",
+    "logical_rules",
 ]
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -50,7 +57,17 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("positions", None),
     ("seq", None),
     ("cache_seq", None),
+    # activations
+    ("act_batch", ("data", "fsdp")),
+    ("act_seq", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
 )
+
+_ACTIVE_RULES: list[tuple[tuple[str, Any], ...]] = [DEFAULT_RULES]
 
 
 def make_mesh(shape: Sequence[int] = (1, 1, 1), axes: Sequence[str] = MESH_AXES,
@@ -149,3 +166,32 @@ def shard_state(state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAU
     """``device_put`` every variable of ``state`` onto its logical sharding."""
     shardings = state_shardings(state, mesh, rules)
     return jax.device_put(state, shardings)
+
+
+class logical_rules:  # noqa: N801 (used as a context manager)
+    """``with logical_rules(rules):`` -- the table :func:`constrain` uses inside the block."""
+
+    def __init__(self, rules: Iterable[tuple[str, Any]]):
+        self.rules = tuple(rules)
+
+    def __enter__(self):
+        _ACTIVE_RULES.append(self.rules)
+        return self.rules
+
+    def __exit__(self, *exc):
+        _ACTIVE_RULES.pop()
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """Sharding constraint of activation ``x`` from its logical axis ``names``.
+
+    The identity unless a mesh is set (``jax.set_mesh``); dimensions the mesh axes do not
+    divide stay unsplit (as for parameters).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return x
+    if len(names) != x.ndim:
+        raise ValueError(f"constrain: {len(names)} axis names {tuple(names)} for an array of shape {x.shape}")
+    spec = logical_to_spec(names, _ACTIVE_RULES[-1], mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, spec)

@@ -98,6 +98,14 @@ with tempfile.TemporaryDirectory() as d:
         assert kernel.sharding.is_equivalent_to(expect, kernel.ndim), (shape, kernel.sharding, expect)
         lerr = float(np.abs(np.asarray(jax.device_get(f(lparams, t_s, m_s))) - ref)[np.asarray(mask)].max())
         assert lerr < 1e-5, (shape, "loaded", lerr)
+        # activation constraints (jax.set_mesh): same numbers, and they reach the program
+        with jax.set_mesh(mesh):
+            fa = jax.jit(forward, in_shardings=(psh, bsh, bsh), out_shardings=osh)
+            aerr = float(np.abs(np.asarray(jax.device_get(fa(p, t_s, m_s))) - ref)[np.asarray(mask)].max())
+            n_with = fa.lower(p, t_s, m_s).as_text().count("sharding_constraint")
+        n_without = f.lower(p, t_s, m_s).as_text().count("sharding_constraint")
+        assert aerr < 1e-5, (shape, "constrained forward", aerr)
+        assert n_with > n_without == 0, (shape, "activation constraints missing", n_with, n_without)
         out[str(shape)] = dict(forward=err, decode=derr, loaded=lerr, sharded_params=len(sharded))
 print(json.dumps(out))
 sys.exit(0)

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from hf_factory import require_torch
-from jaxrl_llm.models import init_cache, load_smollm2, smollm2_path
+from jaxrl_llm.models import init_cache, load_hf, load_smollm2, load_tokenizer, save_hf, smollm2_path
 
 TEXTS = ["What is 2+3?", "  leading spaces and 12345 digits, 3.14 and -7", "Tabs\tand\nnewlines\n\n",
          "unicode: café naïve 日本語 🙂", "<|im_start|>user\nhi<|im_end|>"]
@@ -42,7 +42,10 @@ def test_loading_needs_no_torch():
             "from jaxrl_llm.models import load_smollm2\n"
             "m, tok = load_smollm2()\n"
             "print(m.cfg.num_layers, len(tok))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no network either
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["30", "49152"]
 
@@ -108,3 +111,27 @@ def test_greedy_chat_answer_is_5(ours):
         nxt, cache = step(params, nxt[:, None], cache)
     answer = tok.decode(out, skip_special_tokens=True)
     assert "5" in answer.split("=")[-1], answer
+
+
+def test_export_to_hf_with_tokenizer(ours, tmp_path):
+    """The embedded model exported as an HF directory: transformers serves it with the same
+    logits, and AutoTokenizer reads the tokenizer (chat template included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model, tok = ours
+    out = save_hf(model, tmp_path / "smollm2", tokenizer=tok)
+    tok2 = load_tokenizer(out)
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert tok2.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == text
+    ids = tok2(text)["input_ids"]
+    assert ids == tok(text)["input_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits.numpy()[0]
+    h, _ = model(np.array([ids], np.int32))
+    np.testing.assert_allclose(np.asarray(model.logits(h))[0], ref, atol=1e-3)
+    again = load_hf(out)  # and our own loader reads it back exactly
+    h2, _ = again(np.array([ids], np.int32))
+    np.testing.assert_allclose(np.asarray(again.logits(h2)), np.asarray(model.logits(h)), atol=1e-5)
