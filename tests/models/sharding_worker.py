@@ -20,6 +20,7 @@ from flax import nnx  # noqa: E402
 
 from jaxrl_llm.models import Transformer, init_cache, load_hf, preset, save_hf  # noqa: E402
 from jaxrl_llm.parallel import logical_sharding, make_mesh, state_shardings  # noqa: E402
+from jaxrl_llm.rollout import Sampler, SamplingConfig  # noqa: E402
 
 COMPILES = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -56,6 +57,9 @@ cache0 = init_cache(CFG, B, T + 1)
 ref_pre, c = jax.jit(decode)(params, tokens, mask, cache0)
 ref_dec, _ = jax.jit(decode)(params, tokens[:, :1], jnp.ones((B, 1), bool), c)
 ref_dec = np.asarray(ref_dec)
+PROMPTS = [list(rng.integers(1, CFG.vocab_size, n)) for n in (3, 7, 5, 8)]
+SCFG = SamplingConfig(max_new_tokens=6, num_samples=2, greedy=True)
+ref_roll = Sampler(gd, SCFG, length_buckets=(8,))(params, PROMPTS, jax.random.key(0))
 out = {}
 with tempfile.TemporaryDirectory() as d:
     save_hf(model, d)
@@ -81,9 +85,10 @@ with tempfile.TemporaryDirectory() as d:
             assert not sharded, (shape, "pure data parallelism must replicate parameters")
         # KV cache on the mesh: prefill + one decode step
         csh = jax.tree.map(lambda x: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), cache0)
-        csh = csh._replace(k=logical_sharding(("layers", "batch", "cache_seq", "kv_heads", "head_dim"), mesh,
-                                              shape=cache0.k.shape))
-        csh = csh._replace(v=csh.k)
+        csh = csh._replace(k=logical_sharding(("layers", "batch", "kv_heads", "head_dim", "cache_seq"), mesh,
+                                              shape=cache0.k.shape),
+                           v=logical_sharding(("layers", "batch", "kv_heads", "cache_seq", "head_dim"), mesh,
+                                              shape=cache0.v.shape))
         dec = jax.jit(decode, donate_argnums=3)
         lp, cc = dec(p, t_s, m_s, jax.device_put(init_cache(CFG, B, T + 1), csh))
         ld, _ = dec(p, jax.device_put(tokens[:, :1], bsh), jax.device_put(jnp.ones((B, 1), bool), bsh), cc)
@@ -106,6 +111,11 @@ with tempfile.TemporaryDirectory() as d:
         n_without = f.lower(p, t_s, m_s).as_text().count("sharding_constraint")
         assert aerr < 1e-5, (shape, "constrained forward", aerr)
         assert n_with > n_without == 0, (shape, "activation constraints missing", n_with, n_without)
+        # the sampler on the mesh: batch over the data axes, heads over tensor
+        roll = Sampler(gd, SCFG, length_buckets=(8,), mesh=mesh)(p, PROMPTS, jax.random.key(0))
+        assert np.array_equal(roll.tokens, ref_roll.tokens), (shape, "sampler tokens differ")
+        serr = float(np.abs(roll.logprobs - ref_roll.logprobs).max())
+        assert serr < 1e-4, (shape, "sampler logprobs", serr)
         out[str(shape)] = dict(forward=err, decode=derr, loaded=lerr, sharded_params=len(sharded))
 print(json.dumps(out))
 sys.exit(0)

@@ -135,3 +135,48 @@ def test_export_to_hf_with_tokenizer(ours, tmp_path):
     again = load_hf(out)  # and our own loader reads it back exactly
     h2, _ = again(np.array([ids], np.int32))
     np.testing.assert_allclose(np.asarray(again.logits(h2)), np.asarray(model.logits(h)), atol=1e-5)
+
+
+def test_sampler_greedy_equals_transformers_generate(ours, theirs):
+    """Chat prompts of different lengths in one left-padded batch, greedy, stop at <|im_end|>."""
+    import torch
+    from jaxrl_llm.rollout import Sampler, encode_prompts, sampling_config
+
+    model, tok = ours
+    prompts = encode_prompts(tok, ["What is 2+3?", "Name a colour.", "Write one short sentence about the sea."])
+    cfg = sampling_config(tok, max_new_tokens=20, greedy=True)
+    gd, params = nnx.split(model)
+    out = Sampler(gd, cfg, length_buckets=(64,))(params, prompts, jax.random.key(0))
+    t = max(map(len, prompts))
+    ids = torch.full((len(prompts), t), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p):], att[i, t - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        ref = theirs[0].generate(ids, attention_mask=att, do_sample=False, max_new_tokens=20,
+                                 eos_token_id=list(cfg.stop_token_ids), pad_token_id=tok.pad_token_id,
+                                 top_k=None, top_p=None, temperature=None)[:, t:].tolist()
+    for i, row in enumerate(ref):
+        n = next((j + 1 for j, x in enumerate(row) if x in cfg.stop_token_ids), len(row))
+        assert list(out.tokens[i][out.mask[i]]) == row[:n], (i, tok.decode(row[:n]))
+    assert out.stopped.any()
+
+
+def test_text_helpers_and_evaluation(ours):
+    import re
+    from jaxrl_llm.rollout import evaluate, generate_text, sampling_config
+
+    model, tok = ours
+    texts = generate_text(model, tok, ["What is 2+3?"], sampling_config(tok, max_new_tokens=24, greedy=True),
+                          key=jax.random.key(0))
+    assert len(texts) == 1 and len(texts[0]) == 1 and "5" in texts[0][0]
+
+    def last_number_is(completion, answer):
+        nums = re.findall(r"-?\d+", completion)
+        return bool(nums) and int(nums[-1]) == answer
+
+    res = evaluate(model, tok, ["What is 2+3?", "What is 4+4?", "What is 7+1?"], [5, 8, 8], last_number_is,
+                   key=jax.random.key(1), k=2, num_samples=4, max_new_tokens=24)
+    assert res["greedy_pass@1"] == pytest.approx(np.mean(res["correct"]))
+    assert res["correct"][0]  # the greedy answer to 2+3 is right
+    assert 0.0 <= res["pass@1"] <= res["pass@2"] <= 1.0 and res["n"] == 4

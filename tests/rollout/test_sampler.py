@@ -1,0 +1,196 @@
+"""The sampler: HF parity (greedy), distribution tests, logprobs, stops, buckets."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hf_factory import make_hf_model, save_hf_model
+from jaxrl_llm.models import Transformer, load_hf, preset, token_logprobs
+from jaxrl_llm.rollout import Sampler, SamplingConfig, generate, pad_prompts, pass_at_k, process_logits
+
+PROMPTS = [[5, 17, 3, 44, 9, 12, 30], [7, 2], [60, 61, 62, 63]]  # different lengths, one batch
+
+
+def hf_greedy(hf, prompts, new, eos):
+    import torch
+
+    t = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), t), dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p):], att[i, t - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=att, do_sample=False, max_new_tokens=new, min_new_tokens=0,
+                          eos_token_id=eos, pad_token_id=0, top_k=None, top_p=None, temperature=None)
+    res = []
+    for row in out[:, t:].tolist():
+        seq = []
+        for x in row:
+            seq.append(x)
+            if eos is not None and x == eos:
+                break
+        res.append(seq)
+    return res
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("unroll", [False, True])
+def test_greedy_equals_transformers_generate(arch, unroll, tmp_path):
+    hf = make_hf_model(arch, seed=3)
+    model = load_hf(save_hf_model(hf, tmp_path / arch))
+    free = hf_greedy(hf, PROMPTS, 12, None)
+    eos = free[1][4]  # a token the model emits: row 1 stops early, so stopping is exercised
+    ref = hf_greedy(hf, PROMPTS, 12, eos)
+    assert len(ref[1]) <= 5 and ref[1][-1] == eos
+    gd, params = nnx.split(model)
+    cfg = SamplingConfig(max_new_tokens=12, greedy=True, stop_token_ids=(eos,), pad_token_id=0)
+    out = Sampler(gd, cfg, length_buckets=(8,), unroll_layers=unroll)(params, PROMPTS, jax.random.key(0))
+    got = [list(np.asarray(out.tokens[i])[np.asarray(out.mask[i])]) for i in range(len(PROMPTS))]
+    assert got == ref
+    assert [int(x) for x in out.lengths] == [len(r) for r in ref]
+    assert [bool(x) for x in out.stopped] == [r[-1] == eos for r in ref]
+
+
+def test_warpers_equal_transformers():
+    import torch
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    z = np.random.default_rng(0).normal(0, 2, (6, 97)).astype(np.float32)
+    z[0, :5] = z[0, 5]  # ties with the k-th value
+    for cfg in [SamplingConfig(temperature=0.7), SamplingConfig(top_k=5), SamplingConfig(top_p=0.8),
+                SamplingConfig(temperature=1.3, top_k=20, top_p=0.9, min_p=0.05), SamplingConfig(min_p=0.2)]:
+        ref = torch.tensor(z)
+        ref = TemperatureLogitsWarper(cfg.temperature)(None, ref)
+        if cfg.top_k:
+            ref = TopKLogitsWarper(cfg.top_k)(None, ref)
+        if cfg.top_p < 1:
+            ref = TopPLogitsWarper(cfg.top_p)(None, ref)
+        if cfg.min_p:
+            ref = MinPLogitsWarper(cfg.min_p)(None, ref)
+        ours = np.asarray(process_logits(jnp.asarray(z), cfg))
+        ref = ref.numpy()
+        np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(ref), err_msg=str(cfg))
+        np.testing.assert_allclose(ours[np.isfinite(ours)], ref[np.isfinite(ref)], rtol=1e-6)
+
+
+def tiny_model(vocab=11, seed=0):
+    cfg = preset("tiny", vocab_size=vocab)
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=0.7), SamplingConfig(top_k=3),
+                                 SamplingConfig(top_p=0.7), SamplingConfig(temperature=1.5, min_p=0.1),
+                                 SamplingConfig(forbidden_token_ids=(0, 4))],
+                         ids=["temperature", "top_k", "top_p", "min_p", "forbidden"])
+def test_sampled_tokens_follow_the_processed_distribution(cfg):
+    """Chi-square goodness of fit of 6000 first tokens against softmax(process_logits)."""
+    from jax.scipy.stats import chi2
+
+    model = tiny_model()
+    gd, params = nnx.split(model)
+    prompt = jnp.array([[3, 1, 4, 1, 5]], jnp.int32)
+    h, _ = model(prompt)
+    logits = model.logits(h[:, -1])
+    expected = np.asarray(jax.nn.softmax(process_logits(logits, cfg), -1))[0]
+    n = 6000
+    run = dict(max_new_tokens=1, num_samples=n)
+    out = generate(gd, params, prompt, jnp.ones((1, 5), bool), jax.random.key(7),
+                   SamplingConfig(**{**cfg.__dict__, **run}))
+    counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=11)
+    assert counts[expected == 0].sum() == 0  # truncated / forbidden tokens never appear
+    keep = expected > 0
+    stat = float(((counts[keep] - n * expected[keep]) ** 2 / (n * expected[keep])).sum())
+    p_value = float(chi2.sf(stat, keep.sum() - 1))
+    assert p_value > 1e-3, (stat, p_value, counts, n * expected)
+    assert keep.sum() >= 2  # a real distribution, not a point mass
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_returned_logprobs_equal_teacher_forced(unroll):
+    model = tiny_model(vocab=263, seed=1)
+    gd, params = nnx.split(model)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    cfg = SamplingConfig(max_new_tokens=10, num_samples=3, temperature=0.8, top_k=50, stop_token_ids=(17,))
+    out = Sampler(gd, cfg, length_buckets=(8,), unroll_layers=unroll)(params, prompts, jax.random.key(3))
+    tokens, mask = pad_prompts(prompts, 8, 2, 0)
+    full = np.concatenate([np.repeat(tokens, 3, 0), np.asarray(out.tokens)], 1)
+    fmask = np.concatenate([np.repeat(mask, 3, 0), np.asarray(out.mask)], 1)
+    h, _ = model(full, fmask)
+    lp, _ = token_logprobs(h[:, :-1], model.unembedding(), jnp.asarray(full[:, 1:]), temperature=0.8)
+    ref = np.asarray(lp)[:, 7:]  # positions predicting the completion
+    m = np.asarray(out.mask)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[m], ref[m], atol=1e-4)
+    assert np.all(np.asarray(out.logprobs)[~m] == 0)
+
+
+def test_reproducible_stops_and_forbidden_tokens():
+    model = tiny_model(vocab=263, seed=2)
+    gd, params = nnx.split(model)
+    cfg = SamplingConfig(max_new_tokens=16, num_samples=4, stop_token_ids=(1, 2, 3), forbidden_token_ids=(7, 8),
+                         pad_token_id=0)
+    s = Sampler(gd, cfg, length_buckets=(8,))
+    a, b = s(params, [[4, 5, 6]], jax.random.key(0)), s(params, [[4, 5, 6]], jax.random.key(0))
+    c = s(params, [[4, 5, 6]], jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+    toks, mask = np.asarray(a.tokens), np.asarray(a.mask)
+    assert not np.isin(toks[mask], [7, 8]).any()
+    for row, m, stopped, n in zip(toks, mask, np.asarray(a.stopped), np.asarray(a.lengths)):
+        assert m.sum() == n and np.all(m[:n]) and not m[n:].any()  # a prefix mask
+        assert np.all(row[n:] == 0)  # padded after the end
+        assert stopped == (row[n - 1] in (1, 2, 3))
+        assert stopped or n == 16
+        assert not np.isin(row[:n - 1], [1, 2, 3]).any()  # nothing generated after a stop
+
+
+def test_unrolled_and_scanned_layers_sample_the_same_tokens():
+    model = tiny_model(vocab=263, seed=4)
+    gd, params = nnx.split(model)
+    cfg = SamplingConfig(max_new_tokens=12, num_samples=3)
+    a = Sampler(gd, cfg, unroll_layers=True)(params, PROMPTS, jax.random.key(5))
+    b = Sampler(gd, cfg, unroll_layers=False)(params, PROMPTS, jax.random.key(5))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+
+
+def test_buckets_bound_the_number_of_compilations():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, d, **kw: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    model = tiny_model(vocab=263, seed=5)
+    gd, params = nnx.split(model)
+    s = Sampler(gd, SamplingConfig(max_new_tokens=4, num_samples=2), length_buckets=(8, 16), batch_buckets=(2, 4))
+    rng = np.random.default_rng(0)
+    batches = [[list(rng.integers(1, 263, n)) for n in rng.integers(1, 17, b)] for b in (1, 2, 3, 4, 2, 1, 3, 4)]
+    keys = [jax.random.key(i) for i in range(16)]
+    n0 = len(compiles)
+    for i, prompts in enumerate(batches * 2):
+        out = s(params, prompts, keys[i])
+        assert out.tokens.shape == (2 * len(prompts), 4)
+    assert len(s.compiled_shapes) <= 4  # (batch bucket, length bucket) pairs
+    assert len(compiles) - n0 == len(s.compiled_shapes), (len(compiles) - n0, s.compiled_shapes)
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - (3 * 2) / (4 * 3))  # 1 - C(3,2)/C(4,2) = 0.5
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)
+    with pytest.raises(ValueError, match="k"):
+        pass_at_k(3, 1, 4)
+
+
+def test_bad_sampling_configs_name_the_field():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="forbidden_token_ids"):
+        SamplingConfig(stop_token_ids=(2,), forbidden_token_ids=(2,))
+    with pytest.raises(ValueError, match="largest bucket"):
+        Sampler(None, SamplingConfig(), length_buckets=(4,))(None, [[1] * 5], jax.random.key(0))
