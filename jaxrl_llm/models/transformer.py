@@ -118,6 +118,21 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
     return (t - first).astype(jnp.int32)
 
 
+def _write(buf: jax.Array, new: jax.Array, index: tuple) -> jax.Array:
+    """``dynamic_update_slice`` that stays in place for 16-bit float buffers.
+
+    XLA:CPU's float normalisation performs a bfloat16 ``dynamic_update_slice`` in float32:
+    it converts the whole buffer (a layer's KV cache) to float32 and back on every decode
+    step. On the bits (uint16, a free bitcast) the update is a plain in-place write.
+    """
+    new = new.astype(buf.dtype)
+    if buf.dtype in (jnp.bfloat16, jnp.float16):
+        out = jax.lax.dynamic_update_slice(jax.lax.bitcast_convert_type(buf, jnp.uint16),
+                                           jax.lax.bitcast_convert_type(new, jnp.uint16), index)
+        return jax.lax.bitcast_convert_type(out, buf.dtype)
+    return jax.lax.dynamic_update_slice(buf, new, index)
+
+
 def _act(name: str):
     return {"silu": jax.nn.silu, "relu": jax.nn.relu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
             "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}[name]
@@ -395,8 +410,8 @@ class Transformer(nnx.Module):
                 if per_layer:
                     # separate buffers: write first, then read the updated buffer, so the update
                     # is the buffer's only user and XLA does it in place (no per-step copy)
-                    k = jax.lax.dynamic_update_slice(layer_k, k, (0, 0, 0, cache.index))
-                    v = jax.lax.dynamic_update_slice(layer_v, v, (0, 0, cache.index, 0))
+                    k = _write(layer_k, k, (0, 0, 0, cache.index))
+                    v = _write(layer_v, v, (0, 0, cache.index, 0))
                     new.extend([k, v])
                     return [(k, v, old_slots, new_valid, None)]
                 new.extend([k, v])
@@ -437,8 +452,8 @@ class Transformer(nnx.Module):
         new_cache = None
         if cache is not None:
             if layers is None:
-                ck = jax.lax.dynamic_update_slice(cache.k, new_kv[0], (0, 0, 0, 0, cache.index))
-                cv = jax.lax.dynamic_update_slice(cache.v, new_kv[1], (0, 0, 0, cache.index, 0))
+                ck = _write(cache.k, new_kv[0], (0, 0, 0, 0, cache.index))
+                cv = _write(cache.v, new_kv[1], (0, 0, 0, cache.index, 0))
             else:  # already updated inside the layers
                 ck, cv = tuple(new_kv[0]), tuple(new_kv[1])
             new_cache = KVCache(ck, cv, new_valid, cache.index + t,
