@@ -11,3 +11,16 @@ settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded SmolLM2 tokenizer (chat template included), built from the GGUF metadata."""
+    import gguf
+
+    from jaxrl_llm.models import gguf_tokenizer, smollm2_path
+
+    return gguf_tokenizer(gguf.GGUFReader(str(smollm2_path())))
