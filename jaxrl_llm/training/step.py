@@ -1,0 +1,164 @@
+"""The functional train step: ``state, metrics = train_step(state, batch, *frozen)``.
+
+One jitted function per objective: the batch is split into ``num_microbatches`` slices that a
+``lax.scan`` runs one after another, accumulating float32 gradients. Normalisation is exact
+and global: an :class:`Objective` says what its loss is *summed* over (``loss_sum``) and
+what it is *divided* by (``weight``, a function of the batch's masks only, e.g. the number
+of response tokens for ``token-mean``). The step computes the weight of the whole batch
+first, then each micro-batch contributes ``grad(sum_mb) / weight``: one micro-batch and
+eight give the same update up to float summation order, for every aggregation mode, and on
+a mesh the batch is global so hosts normalise by the global weight too.
+
+A non-finite loss or gradient skips the update: parameters and optimiser state are kept,
+``state.skipped`` counts it and the step's metrics say ``skipped = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+__all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "split_microbatches"]
+
+
+class TrainState(NamedTuple):
+    """What the optimiser updates and a checkpoint restores.
+
+    Attributes:
+      params: the trained variables (an ``nnx.State``: all params, or only the LoRA adapters).
+      opt_state: the optax state.
+      step: int32 scalar, updates applied.
+      key: uint32 raw PRNG key data (``jax.random.key_data``): plain arrays checkpoint and
+        compare bit for bit; wrap with ``jax.random.wrap_key_data`` to use.
+      skipped: int32 scalar, updates skipped because the loss or a gradient was not finite.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    key: jax.Array
+    skipped: jax.Array
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int | jax.Array = 0) -> TrainState:
+    """A fresh :class:`TrainState` (``seed``: an int or a typed PRNG key)."""
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.key_data(key),
+                      jnp.zeros((), jnp.int32))
+
+
+class Objective(Protocol):
+    """A training objective in the additive form the step needs.
+
+    ``weight(batch)``: the global normaliser, a float32 scalar that depends on masks only
+    (no gradient); must be additive over rows (the weight of a batch is the sum of the
+    weights of its micro-batches).
+    ``loss_sum(model, batch, key)``: ``(sum, metrics)``, the un-normalised loss of the rows
+    in ``batch`` (the loss is ``sum / weight``) and a flat dict of scalar metrics, each a mean
+    over those rows. The step averages them over micro-batches weighted by
+    ``metric_weight(batch)`` if the objective has it (e.g. the token count, for token means),
+    else by ``weight``: exact for metrics that are means with that weight.
+    """
+
+    def weight(self, batch: Any) -> jax.Array: ...
+
+    def loss_sum(self, model: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+
+def split_microbatches(batch: Any, n: int) -> Any:
+    """``[B, ...]`` leaves to ``[n, B / n, ...]`` (row ``i`` goes to micro-batch ``i // (B/n)``)."""
+    def split(x):
+        if x.shape[0] % n:
+            raise ValueError(f"batch rows {x.shape[0]} are not divisible by num_microbatches={n}")
+        return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+    return jax.tree.map(split, batch)
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _safe(w: jax.Array) -> jax.Array:
+    return jnp.where(w > 0, w, 1.0)
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, objective: Objective, *,
+                    num_microbatches: int = 1, state_shardings: Any = None, batch_shardings: Any = None,
+                    frozen_shardings: Any = None, donate: bool = True) -> Callable:
+    """The jitted ``train_step(state, batch, *frozen) -> (state, metrics)``.
+
+    Args:
+      graphdef: the model's graph (``nnx.split``); ``nnx.merge(graphdef, state.params,
+        *frozen)`` rebuilds the model inside the step.
+      optimizer: an optax transformation (clipping, schedules, ... chained in it).
+      objective: an :class:`Objective`.
+      num_microbatches: slices of the batch run sequentially (gradient accumulation).
+      state_shardings, batch_shardings, frozen_shardings: ``in_shardings`` / ``out_shardings``
+        for the state, the batch and each frozen part (a tuple, one per frozen argument; e.g.
+        from :func:`jaxrl_llm.parallel.state_shardings`); ``None``: let jit decide.
+      donate: donate the state's buffers (updated in place).
+
+    Metrics: ``loss`` (the normalised loss), ``weight``, ``grad_norm`` (before the
+    optimiser's own clipping), ``update_norm``, ``skipped`` (1.0 if this update was skipped),
+    and the objective's metrics averaged over micro-batches.
+    """
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+
+    metric_weight = getattr(objective, "metric_weight", objective.weight)
+
+    def step(state: TrainState, batch: Any, *frozen: Any):
+        weight = jax.lax.stop_gradient(objective.weight(batch)).astype(jnp.float32)
+        denom = _safe(weight)
+        key = jax.random.wrap_key_data(state.key)
+        key, step_key = jax.random.split(key)
+        mbs = split_microbatches(batch, num_microbatches)
+        keys = jax.random.split(step_key, num_microbatches)
+
+        def micro(p, mb, k):
+            model = nnx.merge(graphdef, p, *frozen)
+            s, metrics = objective.loss_sum(model, mb, k)
+            return s / denom, metrics
+
+        grad_fn = jax.value_and_grad(micro, has_aux=True)
+
+        def body(carry, xs):
+            gsum, lsum, msum = carry
+            mb, k = xs
+            (loss, metrics), g = grad_fn(state.params, mb, k)
+            w = jax.lax.stop_gradient(metric_weight(mb)).astype(jnp.float32)
+            gsum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), gsum, g)
+            msum = {n: msum[n] + w * jnp.asarray(v, jnp.float32) for n, v in metrics.items()}
+            return (gsum, lsum + loss, msum), None
+
+        g0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state.params)
+        _, m_shape = jax.eval_shape(micro, state.params, jax.tree.map(lambda x: x[0], mbs), keys[0])
+        m0 = {n: jnp.zeros((), jnp.float32) for n in m_shape}
+        (grads, loss, msum), _ = jax.lax.scan(body, (g0, jnp.zeros((), jnp.float32), m0), (mbs, keys))
+
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(new_params)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+        new_state = TrainState(keep(new_params, state.params), keep(new_opt, state.opt_state),
+                               state.step + ok.astype(jnp.int32), jax.random.key_data(key),
+                               state.skipped + (~ok).astype(jnp.int32))
+        metrics = {n: v / _safe(metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
+        metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads),
+                       update_norm=jnp.where(ok, optax.tree.norm(updates), 0.0),
+                       skipped=(~ok).astype(jnp.float32))
+        return new_state, metrics
+
+    jit_kw: dict[str, Any] = {}
+    if state_shardings is not None or batch_shardings is not None:
+        jit_kw["in_shardings"] = (state_shardings, batch_shardings) + (
+            () if frozen_shardings is None else tuple(frozen_shardings))
+        jit_kw["out_shardings"] = (state_shardings, None)
+    return jax.jit(step, donate_argnums=(0,) if donate else (), **jit_kw)
