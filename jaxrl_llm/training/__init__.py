@@ -1,10 +1,11 @@
 """Training: the functional train step with exact micro-batch accumulation, objectives."""
 
-from jaxrl_llm.training import checkpoint, loop, objectives, rl, step
+from jaxrl_llm.training import checkpoint, evaluate, loop, objectives, rl, step
+from jaxrl_llm.training.evaluate import *  # noqa: F401,F403
 from jaxrl_llm.training.loop import *  # noqa: F401,F403
 from jaxrl_llm.training.checkpoint import *  # noqa: F401,F403
 from jaxrl_llm.training.objectives import *  # noqa: F401,F403
 from jaxrl_llm.training.rl import *  # noqa: F401,F403
 from jaxrl_llm.training.step import *  # noqa: F401,F403
 
-__all__ = checkpoint.__all__ + loop.__all__ + step.__all__ + objectives.__all__ + rl.__all__
+__all__ = checkpoint.__all__ + evaluate.__all__ + loop.__all__ + step.__all__ + objectives.__all__ + rl.__all__

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-__all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "split_microbatches"]
+__all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "split_microbatches",
+           "train_state_shardings"]
 
 
 class TrainState(NamedTuple):
@@ -52,6 +53,22 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed:
                       jnp.zeros((), jnp.int32))
 
 
+def train_state_shardings(optimizer: optax.GradientTransformation, state: TrainState, mesh: Any,
+                          rules: Any = None) -> TrainState:
+    """``NamedSharding`` of every leaf of ``state`` on ``mesh``: parameters by their logical
+    axes (:func:`jaxrl_llm.parallel.state_shardings`), optimiser leaves shaped like the
+    parameters (Adam's moments, ...) like their parameter, everything else replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrl_llm.parallel import DEFAULT_RULES, state_shardings
+
+    p_sh = state_shardings(state.params, mesh, DEFAULT_RULES if rules is None else rules)
+    rep = NamedSharding(mesh, PartitionSpec())
+    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, state.opt_state, p_sh,
+                                   transform_non_params=lambda _: rep)
+    return TrainState(p_sh, opt_sh, rep, rep, rep)
+
+
 class Objective(Protocol):
     """A training objective in the additive form the step needs.
 
@@ -71,11 +88,13 @@ class Objective(Protocol):
 
 
 def split_microbatches(batch: Any, n: int) -> Any:
-    """``[B, ...]`` leaves to ``[n, B / n, ...]`` (row ``i`` goes to micro-batch ``i // (B/n)``)."""
+    """``[B, ...]`` leaves to ``[n, B / n, ...]``, strided: row ``i`` goes to micro-batch
+    ``i % n``. With the batch sharded in contiguous blocks over devices, every device then
+    splits its own rows (no data moves between devices)."""
     def split(x):
         if x.shape[0] % n:
             raise ValueError(f"batch rows {x.shape[0]} are not divisible by num_microbatches={n}")
-        return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+        return jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
     return jax.tree.map(split, batch)
 
 

@@ -247,3 +247,14 @@ def test_config_errors(tmp_path):
     src = JsonlSource(write_jsonl(tmp_path / "two.jsonl", [{"a": 1}, {"a": 2}]))
     with pytest.raises(IndexError, match="record 5 out of range for 2"):
         src[5]
+
+
+def test_char_tokenizer_round_trip():
+    from jaxrl_llm.data.char_tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    s = "What is 35 + 6?\n<answer>41</answer>"
+    ids = tok(s)["input_ids"]
+    assert len(ids) == len(s) and tok.decode(ids) == s
+    assert tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True) == s
+    assert tok("é")["input_ids"] == [tok.unk_token_id] and len(tok) == 95

@@ -67,7 +67,7 @@ def test_microbatching_sft_and_adam_moments():
     first update ``g / (|g| + eps)`` amplifies float rounding of near-zero gradients, so its
     parameters are compared through the moments, not the update.)"""
     batch = rl_batch(1)
-    for obj in (SFTObjective(), SFTObjective("seq-mean-token-mean")):
+    for obj in (SFTObjective("seq-mean-token-mean"),):
         opt = optax.sgd(0.5)
         gd, state = setup(opt)
         a, _ = make_train_step(gd, opt, obj, num_microbatches=1, donate=False)(state, batch)
