@@ -24,3 +24,26 @@ def smollm2_tokenizer():
     from jaxrl_llm.models import gguf_tokenizer, smollm2_path
 
     return gguf_tokenizer(gguf.GGUFReader(str(smollm2_path())))
+
+
+_COMPILES: list[str] = []
+
+
+def _on_event(name, duration, **kw):
+    if name == "/jax/core/compile/backend_compile_duration":
+        _COMPILES.append(name)
+
+
+def _register():
+    import jax
+
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+_register()
+
+
+@pytest.fixture
+def compiles():
+    """A callable returning how many XLA compilations have happened so far in this process."""
+    return lambda: len(_COMPILES)
