@@ -46,7 +46,7 @@ class Config:
     rl_steps: int = 60
     prompts_per_step: int = 8
     num_samples: int = 8
-    rl_lr: float = 3e-4
+    rl_lr: float = 1e-4
     max_new_tokens: int = 6
     eval_rows: int = 128
 
