@@ -27,10 +27,11 @@ import grain
 import numpy as np
 
 from jaxrl_llm.data.sources import WHERE, DataError, Malformed
+from jaxrl_llm.rollout.sampler import bucket
 
 __all__ = ["PromptDataConfig", "PromptBatch", "DataIterator", "prompt_dataset", "PreferenceDataConfig",
            "PreferenceBatch", "preference_dataset", "SFTDataConfig", "SFTBatch", "sft_dataset", "render_prompt",
-           "end_of_turn_id", "repeat_columns"]
+           "end_of_turn_id", "repeat_columns", "pad_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +172,14 @@ def _guard(on_error: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return encode
 
 
+def _iterator(source: Any, encode: Callable[[Any], Any], collate: Callable[[list], Any], cfg: _PipelineConfig,
+              process_index: int | None, process_count: int | None) -> DataIterator:
+    local = _local_batch(cfg.batch_size, process_count)
+    ds = _build(source, _guard(cfg.on_error, encode), seed=cfg.seed, shuffle=cfg.shuffle, num_epochs=cfg.num_epochs,
+                process_index=process_index, process_count=process_count, prefetch_threads=cfg.prefetch_threads)
+    return DataIterator(ds, local, collate, cfg.drop_remainder)
+
+
 def _local_batch(batch_size: int, process_count: int | None) -> int:
     if process_count is None:
         import jax
@@ -185,15 +194,44 @@ def _local_batch(batch_size: int, process_count: int | None) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptDataConfig:
+class _PipelineConfig:
+    """Fields every pipeline shares (see :class:`PromptDataConfig`)."""
+
+    chat: bool = True
+    system_prompt: str | None = None
+    batch_size: int = 8
+    seed: int = 0
+    shuffle: bool = True
+    num_epochs: int | None = None
+    drop_remainder: bool = True
+    on_error: str = "raise"
+    prefetch_threads: int = 0
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.batch_size < 1:
+            raise ValueError(f"{name}.batch_size must be >= 1, got {self.batch_size}")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"{name}.on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.num_epochs is not None and self.num_epochs < 1:
+            raise ValueError(f"{name}.num_epochs must be >= 1 or None, got {self.num_epochs}")
+        if self.prefetch_threads < 0:
+            raise ValueError(f"{name}.prefetch_threads must be >= 0, got {self.prefetch_threads}")
+        for f in ("max_prompt_tokens", "max_length"):
+            if getattr(self, f, 1) < 1:
+                raise ValueError(f"{name}.{f} must be >= 1, got {getattr(self, f)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptDataConfig(_PipelineConfig):
     """Prompt datasets for RL.
 
     Attributes:
       prompt_field: the column with the prompt (a string, one user turn, or chat messages).
       columns: extra columns passed to reward functions (``None``: all other columns).
       required: columns that must be present in every row (e.g. ``("answer",)``).
-      chat, system_prompt: chat-template rendering (see :func:`render_prompt`).
       max_prompt_tokens: longer prompts are skipped and counted.
+      chat, system_prompt: chat-template rendering (see :func:`render_prompt`).
       batch_size: prompts per step, over all hosts (each host gets ``batch_size / hosts``).
       seed, shuffle, num_epochs (``None``: repeat forever), drop_remainder.
       on_error: ``"raise"`` (malformed rows raise :class:`DataError` with file and line) or
@@ -204,26 +242,7 @@ class PromptDataConfig:
     prompt_field: str = "prompt"
     columns: tuple[str, ...] | None = None
     required: tuple[str, ...] = ()
-    chat: bool = True
-    system_prompt: str | None = None
     max_prompt_tokens: int = 512
-    batch_size: int = 8
-    seed: int = 0
-    shuffle: bool = True
-    num_epochs: int | None = None
-    drop_remainder: bool = True
-    on_error: str = "raise"
-    prefetch_threads: int = 0
-
-    def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError(f"PromptDataConfig.batch_size must be >= 1, got {self.batch_size}")
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"PromptDataConfig.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"PromptDataConfig.on_error must be 'raise' or 'skip', got {self.on_error!r}")
-        if self.num_epochs is not None and self.num_epochs < 1:
-            raise ValueError(f"PromptDataConfig.num_epochs must be >= 1 or None, got {self.num_epochs}")
 
 
 @dataclasses.dataclass
@@ -281,10 +300,7 @@ def prompt_dataset(source: Any, tokenizer: Any, config: PromptDataConfig = Promp
         return PromptBatch([it["ids"] for it in items], [it["text"] for it in items], [it["raw"] for it in items],
                            {k: [it["cols"][k] for it in items] for k in names}, [it["where"] for it in items])
 
-    local = _local_batch(cfg.batch_size, process_count)
-    ds = _build(source, _guard(cfg.on_error, encode), seed=cfg.seed, shuffle=cfg.shuffle, num_epochs=cfg.num_epochs,
-                process_index=process_index, process_count=process_count, prefetch_threads=cfg.prefetch_threads)
-    return DataIterator(ds, local, collate, cfg.drop_remainder)
+    return _iterator(source, encode, collate, cfg, process_index, process_count)
 
 
 # ----------------------------------------------------------------------------- shared for pairs / SFT
@@ -300,7 +316,8 @@ def _completion_ids(tokenizer: Any, text: Any, rec: dict, name: str, end_id: int
     return _tokens(tokenizer, text) + [end_id]
 
 
-def _pad_rows(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_rows(rows: Sequence[Sequence[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ``[len(rows), length]`` int32 tokens and their bool mask."""
     out = np.full((len(rows), length), pad, np.int32)
     mask = np.zeros((len(rows), length), bool)
     for i, r in enumerate(rows):
@@ -310,17 +327,15 @@ def _pad_rows(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray,
 
 
 def _bucket(n: int, buckets: Sequence[int], max_length: int) -> int:
-    for b in sorted(buckets):
-        if n <= b:
-            return min(b, max_length)
-    return max_length
+    """The smallest of ``buckets`` (capped at ``max_length``) that fits ``n <= max_length``."""
+    return bucket(n, tuple(b for b in buckets if b < max_length) + (max_length,))
 
 
 # ----------------------------------------------------------------------------- preference pairs
 
 
 @dataclasses.dataclass(frozen=True)
-class PreferenceDataConfig:
+class PreferenceDataConfig(_PipelineConfig):
     """Preference pairs ``(prompt, chosen, rejected)`` for DPO-style losses.
 
     ``chosen`` / ``rejected`` are completion strings, or conversations whose last message is
@@ -333,17 +348,8 @@ class PreferenceDataConfig:
     prompt_field: str = "prompt"
     chosen_field: str = "chosen"
     rejected_field: str = "rejected"
-    chat: bool = True
-    system_prompt: str | None = None
     max_length: int = 1024
     length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
-    batch_size: int = 8
-    seed: int = 0
-    shuffle: bool = True
-    num_epochs: int | None = None
-    drop_remainder: bool = True
-    on_error: str = "raise"
-    prefetch_threads: int = 0
 
 
 @dataclasses.dataclass
@@ -367,7 +373,7 @@ def _pair_collate(pad: int, buckets: Sequence[int], max_length: int):
         rows = [it["prompt"] + it["chosen"] for it in items] + [it["prompt"] + it["rejected"] for it in items]
         starts = [len(it["prompt"]) for it in items] * 2
         length = _bucket(max(len(r) for r in rows), buckets, max_length)
-        tokens, mask = _pad_rows(rows, length, pad)
+        tokens, mask = pad_rows(rows, length, pad)
         loss = mask.copy()
         for i, s in enumerate(starts):
             loss[i, :s] = False
@@ -393,17 +399,15 @@ def preference_dataset(source: Any, tokenizer: Any, config: PreferenceDataConfig
         return {"prompt": p, "chosen": c, "rejected": r, "where": rec[WHERE]}
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
-    local = _local_batch(cfg.batch_size, process_count)
-    ds = _build(source, _guard(cfg.on_error, encode), seed=cfg.seed, shuffle=cfg.shuffle, num_epochs=cfg.num_epochs,
-                process_index=process_index, process_count=process_count, prefetch_threads=cfg.prefetch_threads)
-    return DataIterator(ds, local, _pair_collate(pad, cfg.length_buckets, cfg.max_length), cfg.drop_remainder)
+    collate = _pair_collate(pad, cfg.length_buckets, cfg.max_length)
+    return _iterator(source, encode, collate, cfg, process_index, process_count)
 
 
 # ----------------------------------------------------------------------------- SFT
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTDataConfig:
+class SFTDataConfig(_PipelineConfig):
     """Supervised fine-tuning examples: ``(prompt, completion)`` fields, or a ``messages``
     conversation (every assistant turn is trained on; set ``messages_field``). Examples over
     ``max_length`` tokens are skipped and counted. Other fields as :class:`PromptDataConfig`."""
@@ -411,17 +415,8 @@ class SFTDataConfig:
     prompt_field: str = "prompt"
     completion_field: str = "completion"
     messages_field: str | None = None
-    chat: bool = True
-    system_prompt: str | None = None
     max_length: int = 1024
     length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
-    batch_size: int = 8
-    seed: int = 0
-    shuffle: bool = True
-    num_epochs: int | None = None
-    drop_remainder: bool = True
-    on_error: str = "raise"
-    prefetch_threads: int = 0
 
 
 @dataclasses.dataclass
@@ -488,13 +483,10 @@ def sft_dataset(source: Any, tokenizer: Any, config: SFTDataConfig = SFTDataConf
 
     def collate(items: list[dict]) -> SFTBatch:
         length = _bucket(max(len(it["ids"]) for it in items), cfg.length_buckets, cfg.max_length)
-        tokens, mask = _pad_rows([it["ids"] for it in items], length, pad)
+        tokens, mask = pad_rows([it["ids"] for it in items], length, pad)
         loss = np.zeros_like(mask)
         for i, it in enumerate(items):
             loss[i, :len(it["train"])] = it["train"]
         return SFTBatch(tokens, mask, loss, [it["where"] for it in items])
 
-    local = _local_batch(cfg.batch_size, process_count)
-    ds = _build(source, _guard(cfg.on_error, encode), seed=cfg.seed, shuffle=cfg.shuffle, num_epochs=cfg.num_epochs,
-                process_index=process_index, process_count=process_count, prefetch_threads=cfg.prefetch_threads)
-    return DataIterator(ds, local, collate, cfg.drop_remainder)
+    return _iterator(source, encode, collate, cfg, process_index, process_count)

@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -316,10 +316,11 @@ class Rewards:
             cols[k] = v
         arrays = {k: np.asarray(v) for k, v in cols.items() if _numeric(v)}
         if "completion_ids" in cols and "completion_mask" not in arrays:
-            ids, mask = _pad_ids(cols["completion_ids"])
-            arrays["completion_ids"], arrays["completion_mask"] = ids, mask
+            from jaxrl_llm.data.pipeline import pad_rows  # lazy: jaxrl_llm.data imports the rewards
+
+            ids = cols["completion_ids"]
+            arrays["completion_ids"], arrays["completion_mask"] = pad_rows(ids, max(1, max(map(len, ids), default=0)), 0)
         prompts, completions = list(prompts), list(completions)
-        cols = {k: (list(v) if not isinstance(v, np.ndarray) else v) for k, v in cols.items()}
 
         total = np.zeros(n, np.float64)
         per_fn: dict[str, np.ndarray] = {}
@@ -404,13 +405,3 @@ def _numeric(v: Any) -> bool:
     except (ValueError, TypeError):
         return False
     return a.dtype.kind in "biuf"
-
-
-def _pad_ids(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    t = max((len(x) for x in ids), default=0)
-    out = np.zeros((len(ids), max(t, 1)), np.int32)
-    mask = np.zeros_like(out, bool)
-    for i, x in enumerate(ids):
-        out[i, :len(x)] = x
-        mask[i, :len(x)] = True
-    return out, mask

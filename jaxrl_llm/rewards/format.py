@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_llm.core import shaping
+from jaxrl_llm.core import shaping, stats
 
 __all__ = ["RegexReward", "TagFormatReward", "OverlongReward", "KimiLengthReward"]
 
@@ -129,7 +129,6 @@ class KimiLengthReward:
                  group_ids: Sequence[int], **columns: Any) -> list[float]:
         ok = np.asarray(self.correct(prompts, completions, completion_lengths=completion_lengths,
                                      group_ids=group_ids, **columns), np.float32) > 0.5
-        gid = np.asarray(group_ids)
-        uniq, dense = np.unique(gid, return_inverse=True)
-        return np.asarray(shaping.kimi_length_reward(np.asarray(completion_lengths, np.float32), ok,
-                                                     dense.astype(np.int32), num_groups=len(uniq))).tolist()
+        dense, num_groups = stats.dense_group_ids(group_ids)
+        return np.asarray(shaping.kimi_length_reward(np.asarray(completion_lengths, np.float32), ok, dense,
+                                                     num_groups=num_groups)).tolist()

@@ -16,7 +16,6 @@ may belong to a different mesh than the one that saved them.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -158,11 +157,3 @@ class PreemptionGuard:
 
         flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
         return bool(np.asarray(flags).any())
-
-
-def save_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(obj), indent=1))
-    os.replace(tmp, path)

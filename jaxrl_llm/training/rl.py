@@ -127,6 +127,8 @@ def recipe(name: str, **overrides: Any) -> RLRecipe:
 def to_target_aligned(values: np.ndarray | jax.Array, prompt_len: int) -> Any:
     """``[N, T]`` completion-aligned values to ``[N, P + T - 1]`` target-aligned (zeros over
     the prompt)."""
+    if prompt_len < 1:
+        raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
     xp = jnp if isinstance(values, jax.Array) else np
     n = values.shape[0]
     pad = xp.zeros((n, prompt_len - 1) + values.shape[2:], values.dtype)

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxrl_llm.core.stats import safe_divide
+
 __all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "split_microbatches",
            "train_state_shardings"]
 
@@ -103,10 +105,6 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def _safe(w: jax.Array) -> jax.Array:
-    return jnp.where(w > 0, w, 1.0)
-
-
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, objective: Objective, *,
                     num_microbatches: int = 1, state_shardings: Any = None, batch_shardings: Any = None,
                     frozen_shardings: Any = None, donate: bool = True) -> Callable:
@@ -134,7 +132,6 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
     def step(state: TrainState, batch: Any, *frozen: Any):
         weight = jax.lax.stop_gradient(objective.weight(batch)).astype(jnp.float32)
-        denom = _safe(weight)
         key = jax.random.wrap_key_data(state.key)
         key, step_key = jax.random.split(key)
         mbs = split_microbatches(batch, num_microbatches)
@@ -143,7 +140,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         def micro(p, mb, k):
             model = nnx.merge(graphdef, p, *frozen)
             s, metrics = objective.loss_sum(model, mb, k)
-            return s / denom, metrics
+            return safe_divide(s, weight), metrics
 
         grad_fn = jax.value_and_grad(micro, has_aux=True)
 
@@ -169,7 +166,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         new_state = TrainState(keep(new_params, state.params), keep(new_opt, state.opt_state),
                                state.step + ok.astype(jnp.int32), jax.random.key_data(key),
                                state.skipped + (~ok).astype(jnp.int32))
-        metrics = {n: v / _safe(metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
+        metrics = {n: safe_divide(v, metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
         metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads),
                        update_norm=jnp.where(ok, optax.tree.norm(updates), 0.0),
                        skipped=(~ok).astype(jnp.float32))

@@ -242,6 +242,10 @@ def test_config_errors(tmp_path):
         PromptDataConfig(batch_size=0)
     with pytest.raises(ValueError, match="on_error"):
         PromptDataConfig(on_error="ignore")
+    with pytest.raises(ValueError, match="SFTDataConfig.max_length must be >= 1"):
+        SFTDataConfig(max_length=0)
+    with pytest.raises(ValueError, match="PreferenceDataConfig.num_epochs"):
+        PreferenceDataConfig(num_epochs=0)
     with pytest.raises(FileNotFoundError, match="no such data file"):
         JsonlSource("/nonexistent/x.jsonl")
     src = JsonlSource(write_jsonl(tmp_path / "two.jsonl", [{"a": 1}, {"a": 2}]))

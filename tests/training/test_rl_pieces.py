@@ -10,7 +10,7 @@ from flax import nnx
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.rollout import Sampler, SamplingConfig
 from jaxrl_llm.training import (RECIPES, build_rl_batch, compute_advantages, init_train_state, make_train_step,
-                                minibatches, recipe)
+                                minibatches, recipe, to_target_aligned)
 
 CFG = ModelConfig(vocab_size=17, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                   intermediate_size=64)
@@ -60,7 +60,7 @@ def test_rl_steps_raise_the_reward_of_a_toy_task(name, compiles):
         rewards.append(float(scores.mean()))
         b = build_rl_batch(prompts, roll, P, pad_id=0)
         adv = adv_fn(jnp.asarray(scores), jnp.asarray(b["completion_mask"]), jnp.asarray(b["group_ids"]))
-        b["advantages"] = np.asarray(jnp.concatenate([jnp.zeros((adv.shape[0], P - 1)), adv], axis=1))
+        b["advantages"] = np.asarray(to_target_aligned(adv, P))
         train = {k: v for k, v in b.items() if k in ("tokens", "mask", "loss_mask", "old_logp", "advantages")}
         for mb in minibatches(train, rec.num_minibatches, k_mb):
             state, metrics = step(state, mb)
