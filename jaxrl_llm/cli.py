@@ -1,0 +1,352 @@
+"""The ``jaxrl-llm`` command (also ``python -m jaxrl_llm``)::
+
+    jaxrl-llm list                                   experiments, with the first line of their docstring
+    jaxrl-llm train <experiment> [key=value ...] [--config f.yaml] [--print-config] [--dry-run]
+    jaxrl-llm check [<experiment> ...]               resolve configs and run each experiment's check()
+
+An *experiment* is a Python file that defines ``main(cfg)`` and either a dataclass ``Config``
+(instantiated with its defaults) or a function ``config()`` returning one; it may define
+``check(cfg) -> None``, which raises if the config cannot work (shapes, mesh, memory budget):
+that is how experiments too large for this machine are config-checked, not run. ``train``
+calls ``check(cfg)`` (if defined) and then ``main(cfg)``, and prints what ``main`` returns as
+JSON.
+
+``<experiment>`` is a path to a ``.py`` file, or a name looked up in ``./experiments/``, then in
+the ``experiments/`` folder beside the installed package (a source checkout or editable
+install); ``$JAXRL_LLM_EXPERIMENTS`` (folders separated by ``os.pathsep``) replaces that search
+path.
+
+Exit codes: 0 success; 2 a usage error (unknown experiment, a file that is not an experiment,
+a bad override or config file), reported as one line without a traceback; 1 an exception
+raised by the experiment itself (its traceback is printed as usual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import json
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from jaxrl_llm.config import ConfigError, apply_overrides, config_diff, to_yaml
+
+__all__ = ["main", "Experiment", "load_experiment", "resolve_experiment", "find_experiments", "experiment_dirs"]
+
+ENV_DIRS = "JAXRL_LLM_EXPERIMENTS"
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported in one line, exit code 2."""
+
+
+# ---------------------------------------------------------------------------- finding experiments
+
+
+def experiment_dirs() -> list[Path]:
+    """Folders searched for experiments by name, in order."""
+    env = os.environ.get(ENV_DIRS)
+    if env:
+        candidates = [Path(p) for p in env.split(os.pathsep) if p]
+    else:
+        candidates = [Path.cwd() / "experiments", Path(__file__).resolve().parent.parent / "experiments"]
+    out, seen = [], set()
+    for d in candidates:
+        key = d.resolve()
+        if d.is_dir() and key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def find_experiments() -> dict[str, Path]:
+    """``{name: path}`` of the ``*.py`` files in :func:`experiment_dirs` (earlier folders win)."""
+    found: dict[str, Path] = {}
+    for d in experiment_dirs():
+        for p in sorted(d.glob("*.py")):
+            if not p.name.startswith("_"):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def resolve_experiment(spec: str) -> Path:
+    """A path to a ``.py`` file, or an experiment name; raises :class:`UsageError` if not found."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        p = Path(spec)
+        if not p.is_file():
+            raise UsageError(f"experiment file not found: {spec}")
+        return p
+    known = find_experiments()
+    if spec in known:
+        return known[spec]
+    searched = ", ".join(str(d) for d in experiment_dirs()) or "no experiments/ folder found"
+    close = difflib.get_close_matches(spec, list(known), n=1)
+    raise UsageError(f"unknown experiment {spec!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                     f"known: {', '.join(sorted(known)) or '(none)'} (searched: {searched})")
+
+
+@dataclasses.dataclass
+class _Outline:
+    """What a file defines at top level, read without importing it."""
+
+    doc: str
+    has_main: bool
+    has_config: bool
+    error: str | None = None
+
+
+def _outline(path: Path) -> _Outline:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+        return _Outline("", False, False, f"cannot parse: {e}")
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name):
+                    names.add(t.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return _Outline(_summary(ast.get_docstring(tree) or ""), "main" in names, "Config" in names or "config" in names)
+
+
+def _summary(doc: str) -> str:
+    """The docstring's summary: its first line, continued to the end of the sentence when a long
+    first sentence wraps onto the next lines."""
+    para = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    m = re.search(r"[.!?](\s|$)", para)
+    return para[: m.start() + 1] if m else para
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass
+class Experiment:
+    """A loaded experiment: its module, default config and optional ``check``."""
+
+    name: str
+    path: Path
+    module: Any
+    default: Any  # the default config (a dataclass instance)
+
+    @property
+    def check(self):
+        fn = getattr(self.module, "check", None)
+        return fn if callable(fn) else None
+
+    def main(self, cfg):
+        return self.module.main(cfg)
+
+
+def _import(path: Path):
+    name = "_jaxrl_llm_experiment_" + re.sub(r"\W", "_", path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # as `python experiments/x.py` would: sibling modules import
+        sys.path.insert(0, folder)
+    sys.modules[name] = module  # dataclasses and typing resolve annotations through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_experiment(path: str | os.PathLike) -> Experiment:
+    """Import an experiment file and build its default config.
+
+    Raises :class:`UsageError` when the file lacks ``main`` or a config; exceptions raised by
+    the module itself (while importing, or in ``config()`` / ``Config()``) propagate.
+    """
+    path = Path(path)
+    module = _import(path)
+    problems = []
+    if not callable(getattr(module, "main", None)):
+        problems.append("no main(cfg) function")
+    factory = getattr(module, "config", None)
+    cls = getattr(module, "Config", None)
+    use_factory = callable(factory) and not isinstance(factory, type)
+    if not use_factory:
+        if cls is None:
+            problems.append("no Config dataclass or config() function")
+        elif not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            problems.append(f"Config is a {type(cls).__name__}, not a dataclass")
+    if problems:
+        raise UsageError(f"{path} is not an experiment: it defines {' and '.join(problems)}")
+    if use_factory:
+        cfg = factory()
+        if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+            raise UsageError(f"{path}: config() returned a {type(cfg).__name__}, not a dataclass instance")
+    else:
+        missing = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise UsageError(f"{path}: Config has fields without defaults ({', '.join(missing)}); give them "
+                             f"defaults or define config()")
+        cfg = cls()
+    return Experiment(path.stem, path, module, cfg)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _describe_diff(cfg, default) -> str:
+    diff = config_diff(cfg, default)
+    if not diff:
+        return "defaults"
+    return ", ".join(f"{k}={json.dumps(new, default=str)} (default {json.dumps(old, default=str)})"
+                     for k, (old, new) in diff.items())
+
+
+def _json_default(o):
+    try:
+        return o.item()
+    except Exception:
+        return str(o)
+
+
+_SCRIPT = "a script, not a CLI experiment: no Config or config()"
+
+
+def cmd_list(args) -> int:
+    exps = find_experiments()
+    if not exps:
+        dirs = ", ".join(str(d) for d in experiment_dirs()) or "./experiments (missing)"
+        print(f"no experiments found (searched: {dirs})")
+        return 0
+    width = max(len(n) for n in exps)
+    for name, path in exps.items():
+        o = _outline(path)
+        note = ""
+        if o.error:
+            note = f"  [{o.error}]"
+        elif not o.has_config:
+            note = f"  [{_SCRIPT}]"
+        elif not o.has_main:
+            note = "  [broken: no main(cfg)]"
+        print(f"{name:<{width}}  {o.doc}{note}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    try:
+        exp = load_experiment(resolve_experiment(args.experiment))
+        cfg = apply_overrides(exp.default, args.overrides, config_files=args.config or ())
+    except (UsageError, ConfigError) as e:
+        return _usage_error(e)
+    if args.print_config:
+        sys.stdout.write(to_yaml(cfg))
+        return 0
+    print(f"jaxrl-llm: {exp.name} ({exp.path}) with {_describe_diff(cfg, exp.default)}", file=sys.stderr)
+    if exp.check is not None:
+        exp.check(cfg)
+    if args.dry_run:
+        print(f"jaxrl-llm: dry run: config resolved{', check() passed' if exp.check else ''}; not training",
+              file=sys.stderr)
+        return 0
+    result = exp.main(cfg)
+    if result is not None:
+        print(json.dumps(result, indent=1, default=_json_default))
+    return 0
+
+
+def cmd_check(args) -> int:
+    if args.experiments:
+        try:
+            targets = [(spec, resolve_experiment(spec)) for spec in args.experiments]
+        except UsageError as e:
+            return _usage_error(e)
+    else:
+        targets = []
+        for name, path in find_experiments().items():
+            o = _outline(path)
+            if o.has_config or o.error:
+                targets.append((name, path))  # a broken experiment fails below, with its reason
+            else:
+                print(f"skip  {name}: {_SCRIPT}")
+        if not targets:
+            print("no experiments to check")
+    n_usage = n_raised = 0
+    for spec, path in targets:
+        try:
+            exp = load_experiment(path)
+            cfg = apply_overrides(exp.default, [])  # the config must be a valid structured config
+            if exp.check is not None:
+                exp.check(cfg)
+        except (UsageError, ConfigError) as e:
+            n_usage += 1
+            print(f"FAIL  {spec}: {e}")
+            continue
+        except Exception as e:
+            n_raised += 1
+            traceback.print_exc()
+            print(f"FAIL  {spec}: {type(e).__name__}: {e}")
+            continue
+        print(f"ok    {spec}: {'check() passed' if exp.check else 'config resolved (no check())'}")
+    if n_usage or n_raised:
+        print(f"{n_usage + n_raised} of {len(targets)} experiments failed", file=sys.stderr)
+    return 1 if n_raised else 2 if n_usage else 0
+
+
+def _usage_error(e: Exception) -> int:
+    print(f"jaxrl-llm: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    top = argparse.ArgumentParser(
+        prog="jaxrl-llm", description="Run, list and check jaxrl_llm experiments.",
+        epilog="An experiment is a .py file defining main(cfg) and a Config dataclass (or config()); "
+               "see `python -m jaxrl_llm train -h`.")
+    sub = top.add_subparsers(dest="command", metavar="{train,list,check}")
+    p_list = sub.add_parser("list", help="list experiments with the first line of their docstring")
+    p_train = sub.add_parser(
+        "train", help="run an experiment with config overrides",
+        description="Resolve the experiment's config (defaults, then --config files, then key=value overrides), "
+                    "call its check(cfg) if defined, then main(cfg).")
+    p_train.add_argument("experiment", help="a name in experiments/ or a path to a .py file")
+    p_train.add_argument("overrides", nargs="*", metavar="key=value",
+                         help="config overrides: lr=1e-4 model.layers=4 buckets=[32,64] limit=null")
+    p_train.add_argument("--config", action="append", metavar="FILE.yaml",
+                         help="YAML file of config keys, merged before the overrides (repeatable)")
+    p_train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p_train.add_argument("--dry-run", action="store_true", help="resolve the config, run check(cfg) and exit")
+    p_check = sub.add_parser("check", help="resolve configs and run each experiment's check(cfg)")
+    p_check.add_argument("experiments", nargs="*", metavar="experiment",
+                         help="names or paths (default: every experiment found)")
+    return top, {"list": p_list, "train": p_train, "check": p_check}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top, subs = _parser()
+    if not argv or argv[0] not in subs:
+        if argv and argv[0] in ("-h", "--help"):
+            top.print_help()
+            return 0
+        top.print_usage(sys.stderr)
+        what = f"unknown command {argv[0]!r}" if argv else "a command is required"
+        print(f"jaxrl-llm: error: {what} (choose from train, list, check)", file=sys.stderr)
+        return 2
+    # intermixed: options may come before, between or after the key=value overrides
+    args = subs[argv[0]].parse_intermixed_args(argv[1:])
+    return {"list": cmd_list, "train": cmd_train, "check": cmd_check}[argv[0]](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
