@@ -328,10 +328,18 @@ def to_dict(cfg: Any) -> Any:
 
 
 def to_yaml(cfg: Any) -> str:
-    """The config as YAML (block style, inline scalar lists); loads back as a ``--config`` file."""
+    """The config as YAML (nested blocks, lists of scalars inline); loads back as a ``--config`` file."""
     import yaml
 
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True)
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_list(dumper, data):
+        flow = all(x is None or isinstance(x, (bool, int, float, str)) for x in data)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+    Dumper.add_representer(list, represent_list)
+    return yaml.dump(to_dict(cfg), Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
