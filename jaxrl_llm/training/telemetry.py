@@ -219,7 +219,7 @@ class Telemetry:
         if not self.enabled:
             return
         try:
-            if jsonl or tensorboard:
+            if jsonl or tensorboard or wandb:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
             if jsonl:
                 self._jsonl = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
