@@ -13,10 +13,11 @@ import enum
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
-from typing import Any, Callable, Literal, Optional
+from typing import Callable, Literal, Optional
 
 import pytest
 import yaml
@@ -424,7 +425,7 @@ def exp_dir(tmp_path, monkeypatch):
 def test_cli_usage_errors_exit_2(exp_dir, capsys, argv, pattern):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert any(__import__("re").search(pattern, line) for line in err), err
+    assert any(re.search(pattern, line) for line in err), err
     assert not any("Traceback" in line for line in err)
 
 
