@@ -1,4 +1,4 @@
-"""grain pipelines: prompt datasets for RL, preference pairs and SFT examples.
+"""grain pipelines: prompt datasets for RL, preference pairs (and unpaired KTO examples) and SFT examples.
 
 One shape for all three::
 
@@ -30,8 +30,8 @@ from jaxrl_llm.data.sources import WHERE, DataError, Malformed
 from jaxrl_llm.rollout.sampler import bucket
 
 __all__ = ["PromptDataConfig", "PromptBatch", "DataIterator", "prompt_dataset", "PreferenceDataConfig",
-           "PreferenceBatch", "preference_dataset", "SFTDataConfig", "SFTBatch", "sft_dataset", "render_prompt",
-           "end_of_turn_id", "repeat_columns", "pad_rows"]
+           "PreferenceBatch", "preference_dataset", "KTODataConfig", "KTOBatch", "kto_dataset", "SFTDataConfig",
+           "SFTBatch", "sft_dataset", "render_prompt", "end_of_turn_id", "repeat_columns", "pad_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,6 +400,68 @@ def preference_dataset(source: Any, tokenizer: Any, config: PreferenceDataConfig
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
     collate = _pair_collate(pad, cfg.length_buckets, cfg.max_length)
+    return _iterator(source, encode, collate, cfg, process_index, process_count)
+
+
+# ----------------------------------------------------------------------------- unpaired (KTO)
+
+
+@dataclasses.dataclass(frozen=True)
+class KTODataConfig(_PipelineConfig):
+    """Unpaired examples ``(prompt, completion, label)`` for KTO (TRL's unpaired preference
+    format): ``label`` is True for a desirable completion, False for an undesirable one.
+    Examples over ``max_length`` tokens are skipped and counted. Other fields as
+    :class:`PromptDataConfig`."""
+
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    label_field: str = "label"
+    max_length: int = 1024
+    length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclasses.dataclass
+class KTOBatch:
+    """``[B, L]`` right-padded ``tokens``, ``mask`` (real tokens), ``loss_mask`` (the
+    completion tokens, end of turn included), ``desirable [B]`` bool, ``where`` file:line."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    loss_mask: np.ndarray
+    desirable: np.ndarray
+    where: list[str]
+
+
+def kto_dataset(source: Any, tokenizer: Any, config: KTODataConfig = KTODataConfig(), *,
+                process_index: int | None = None, process_count: int | None = None) -> DataIterator:
+    """A checkpointable iterator of :class:`KTOBatch` (see :func:`prompt_dataset`)."""
+    cfg = config
+    end_id = end_of_turn_id(tokenizer, cfg.chat)
+
+    def encode(rec: dict):
+        prompt = _field(rec, cfg.prompt_field)
+        _check_prompt(prompt, rec, cfg.prompt_field)
+        label = _field(rec, cfg.label_field)
+        if not isinstance(label, (bool, np.bool_)) and label not in (0, 1):
+            raise DataError(f"{rec.get(WHERE, '?')}: field {cfg.label_field!r} must be a bool (True: desirable), "
+                            f"got {label!r}")
+        p = _tokens(tokenizer, render_prompt(tokenizer, prompt, chat=cfg.chat, system_prompt=cfg.system_prompt))
+        c = _completion_ids(tokenizer, _field(rec, cfg.completion_field), rec, cfg.completion_field, end_id)
+        if len(p) + len(c) > cfg.max_length:
+            return _Skip("too_long", rec[WHERE], f"example has {len(p) + len(c)} tokens > max_length={cfg.max_length}")
+        return {"prompt": p, "completion": c, "label": bool(label), "where": rec[WHERE]}
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
+
+    def collate(items: list[dict]) -> KTOBatch:
+        rows = [it["prompt"] + it["completion"] for it in items]
+        tokens, mask = pad_rows(rows, _bucket(max(len(r) for r in rows), cfg.length_buckets, cfg.max_length), pad)
+        loss = mask.copy()
+        for i, it in enumerate(items):
+            loss[i, :len(it["prompt"])] = False
+        return KTOBatch(tokens, mask, loss, np.array([it["label"] for it in items], bool),
+                        [it["where"] for it in items])
+
     return _iterator(source, encode, collate, cfg, process_index, process_count)
 
 

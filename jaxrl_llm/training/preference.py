@@ -1,0 +1,529 @@
+"""Offline preference training (DPO and its variants, IPO, SimPO, CPO, ORPO, KTO) and SFT on
+the functional train step.
+
+:class:`PreferenceObjective` turns a preference loss of :mod:`jaxrl_llm.core.preference` into
+an objective for :func:`~jaxrl_llm.training.make_train_step`: one forward pass computes the
+sequence log-likelihood sums ``sum_t log pi(y_t | x, y_<t)`` over each completion's
+``loss_mask`` tokens, the core function turns them into per-pair losses, and the loss is
+their mean over pairs. The step's normaliser (``weight``) is the number of pairs and
+``loss_sum`` the sum of per-pair losses, so the update does not depend on how the batch is
+split into micro-batches.
+
+Batch layout (pair-major)
+    ``tokens``/``mask`` ``[B, 2, L]`` (``[:, 0]`` prompt + chosen, ``[:, 1]`` prompt +
+    rejected, right-padded), ``loss_mask [B, 2, L - 1]`` aligned with the targets
+    ``tokens[..., 1:]`` (the completion tokens), ``ref_logps [B, 2]`` (sequence sums under the
+    frozen reference; losses that need a reference only). :func:`preference_arrays` builds
+    it from a :class:`~jaxrl_llm.data.PreferenceBatch` (whose rows are ``[2B, L]``, chosen
+    then rejected). Why pair-major: ``make_train_step`` splits the *leading* axis into
+    micro-batches (strided) and a mesh shards it in blocks; with pairs on the leading axis a
+    micro-batch and a device always hold whole pairs, for any ``num_microbatches`` dividing
+    ``B`` (with the ``[2B, L]`` layout a split keeps a chosen row with its rejected row only
+    when ``num_microbatches`` divides ``B``, and a block sharding never does).
+
+Unpaired KTO (``loss="kto"``) takes rows: ``tokens``/``mask`` ``[N, L]``, ``loss_mask [N, L -
+1]``, ``desirable [N]`` bool, ``ref_logps [N]`` and ``kl_ref_point [N]`` (KTO's reference point
+``z0``, the same value in every row, computed by the trainer over the whole batch from
+mismatched completions as TRL does). :func:`preference_arrays` builds it from a
+:class:`~jaxrl_llm.data.KTOBatch` (:func:`~jaxrl_llm.data.kto_dataset`).
+
+The trainers (:class:`PreferenceTrainer`, :class:`SFTTrainer`) are small host loops on
+:class:`~jaxrl_llm.training.host_loop.HostLoop`: data -> (reference log-probs) -> train step,
+with evaluation, logging, checkpoints and exact resume. Presets with their papers'
+hyper-parameters: :func:`preference_recipe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jaxrl_llm.core as core
+from jaxrl_llm.core import stats
+from jaxrl_llm.data.pipeline import KTOBatch, PreferenceBatch, SFTBatch, pad_rows
+from jaxrl_llm.training.host_loop import HostLoop
+from jaxrl_llm.training.objectives import policy_logprobs
+
+__all__ = ["PreferenceObjective", "PREFERENCE_LOSSES", "PreferenceRecipe", "PREFERENCE_RECIPES", "preference_recipe",
+           "sequence_logps", "SequenceLogps", "preference_arrays", "sft_arrays", "kto_mismatched_rows",
+           "PreferenceTrainer", "SFTTrainer", "PreferenceEvaluator"]
+
+# loss name -> the core DPO ``loss_type`` ("dpo" is the original sigmoid loss)
+_DPO_TYPES = {"dpo": "sigmoid", **{t: t for t in core.DPO_LOSS_TYPES if t != "sigmoid"}}
+PREFERENCE_LOSSES: tuple[str, ...] = tuple(_DPO_TYPES) + ("cpo", "simpo", "orpo", "kto_paired", "kto")
+_NEEDS_REF = frozenset(_DPO_TYPES) | {"kto_paired", "kto"}
+
+_METRIC_NAMES = {"chosen_rewards": "rewards/chosen", "rejected_rewards": "rewards/rejected",
+                 "reward_accuracy": "rewards/accuracy", "reward_margin": "rewards/margin",
+                 "chosen_logps": "logps/chosen", "rejected_logps": "logps/rejected"}
+
+
+def sequence_logps(model: Any, tokens: jax.Array, mask: jax.Array, loss_mask: jax.Array, *,
+                   chunk_size: int = 128) -> tuple[jax.Array, jax.Array]:
+    """``(sums [N], counts [N])``: teacher-forced log-likelihood of each row's ``loss_mask``
+    tokens (``tokens``/``mask`` ``[N, L]``, ``loss_mask [N, L - 1]`` target-aligned) and
+    how many tokens that is."""
+    logp, _ = policy_logprobs(model, {"tokens": tokens, "mask": mask}, chunk_size=chunk_size)
+    m = loss_mask.astype(bool)
+    return jnp.sum(jnp.where(m, logp, 0.0), axis=-1), jnp.sum(m.astype(jnp.float32), axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceObjective:
+    """A preference loss of :mod:`jaxrl_llm.core.preference` as a train-step objective.
+
+    ``loss = mean over pairs of (core per-pair loss + sft_coef * nll_chosen)`` where
+    ``nll_chosen`` is the chosen completion's per-token mean negative log-likelihood.
+
+    Attributes:
+      loss: one of :data:`PREFERENCE_LOSSES`: ``"dpo"`` (sigmoid DPO; ``loss_kwargs`` may pick
+        any ``loss_type`` of :func:`~jaxrl_llm.core.dpo_loss`), a DPO loss type by name
+        (``"ipo"``, ``"robust"``, ``"hinge"``, ``"sppo_hard"``, ``"nca_pair"``, ``"exo_pair"``,
+        ``"bco_pair"``, ``"apo_zero"``, ``"apo_down"``, ``"sigmoid_norm"``, ``"discopop"``),
+        ``"cpo"``, ``"simpo"``, ``"orpo"``, ``"kto_paired"`` or ``"kto"`` (unpaired). What each
+        core function receives: DPO types, KTO and CPO ``sigmoid``/``hinge`` the summed
+        log-probs (DPO types also the lengths, used by ``ipo`` and ``sigmoid_norm`` as TRL
+        1.16 does; CPO ``ipo`` gets the lengths too); SimPO the sums and lengths; ORPO the
+        per-token averages.
+      loss_kwargs: keyword arguments of the core function as ``(name, value)`` pairs, e.g.
+        ``(("beta", 0.1),)``; checked when the objective is built (errors name the field).
+      sft_coef: weight of ``nll_chosen`` (RPO's ``alpha``, CPO's NLL term, ORPO's SFT term,
+        all 1.0 in their papers). It is a per-pair token mean averaged over pairs (the papers'
+        per-example form; TRL's ``rpo_alpha``/``cpo_alpha``/ORPO NLL is a token mean over the
+        whole batch: equal when the chosen completions have equal lengths). Not with ``kto``.
+      chunk_size: positions per logits slice of the log-prob computation.
+
+    Metrics (means over pairs): ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracy``,
+    ``rewards/margin``, ``logps/chosen``, ``logps/rejected`` (what the core returns: sums for
+    the DPO family, averages for SimPO / ORPO), ``pref/loss`` (the preference part),
+    ``pref/nll`` (with ``sft_coef``) and the loss's own metrics as ``pref/<name>``.
+
+    Exactness across micro-batches holds for every loss whose per-pair loss depends on the
+    pair only: all except ``kto_paired`` without a ``kl_ref_point`` (its in-batch reference
+    points are means over the micro-batch, as TRL's former ``kto_pair`` used the device
+    batch). For unpaired ``kto`` the loss is exact; its per-class metrics are micro-batch
+    means weighted by rows (exact with one micro-batch).
+    """
+
+    loss: str = "dpo"
+    loss_kwargs: tuple[tuple[str, Any], ...] = ()
+    sft_coef: float = 0.0
+    chunk_size: int = 128
+
+    def __post_init__(self):
+        if self.loss not in PREFERENCE_LOSSES:
+            raise ValueError(f"PreferenceObjective.loss must be one of {', '.join(PREFERENCE_LOSSES)}; "
+                             f"got {self.loss!r}")
+        kw = self.loss_kwargs
+        if isinstance(kw, dict):
+            object.__setattr__(self, "loss_kwargs", tuple(sorted(kw.items())))
+        elif not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in kw):
+            raise ValueError(f"PreferenceObjective.loss_kwargs must be (name, value) pairs, got {kw!r}")
+        if not (np.isfinite(self.sft_coef) and self.sft_coef >= 0):
+            raise ValueError(f"PreferenceObjective.sft_coef must be finite and >= 0, got {self.sft_coef!r}")
+        if self.sft_coef and self.loss == "kto":
+            raise ValueError("PreferenceObjective.sft_coef is not supported with loss 'kto' (unpaired rows have no "
+                             "chosen completion); use loss 'kto_paired' or an SFT phase")
+        if self.chunk_size < 1:
+            raise ValueError(f"PreferenceObjective.chunk_size must be >= 1, got {self.chunk_size}")
+        if "loss_type" in dict(self.loss_kwargs) and self.loss not in ("dpo", "cpo"):
+            raise ValueError(f"PreferenceObjective.loss_kwargs: 'loss_type' is only for losses 'dpo' and 'cpo'; "
+                             f"loss {self.loss!r} fixes it (use loss='dpo' with loss_type=... or the name)")
+        # run the core function once on a dummy pair: bad or unknown hyper-parameters fail here
+        one = jnp.ones((1, 2), jnp.float32)
+        dummy = {"ref_logps": -one, "desirable": jnp.ones((1,), bool), "kl_ref_point": jnp.zeros((1,), jnp.float32)}
+        try:
+            if self.loss == "kto":
+                dummy["ref_logps"] = -one[:, 0]
+                self._core(-one[:, 0], one[:, 0], dummy)
+            else:
+                self._core(-one, one, dummy)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"PreferenceObjective.loss_kwargs {dict(self.loss_kwargs)} for loss {self.loss!r}: "
+                             f"{e}") from e
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the batch needs ``ref_logps`` (sequence sums under a frozen reference)."""
+        return self.loss in _NEEDS_REF
+
+    @property
+    def paired(self) -> bool:
+        """False for unpaired KTO (rows with a ``desirable`` flag), True otherwise."""
+        return self.loss != "kto"
+
+    # ------------------------------------------------------------------ the objective protocol
+
+    def weight(self, batch: dict) -> jax.Array:
+        """Pairs (rows for unpaired KTO) in ``batch``: the loss is a mean over them."""
+        return jnp.asarray(batch["tokens"].shape[0], jnp.float32)
+
+    def metric_weight(self, batch: dict) -> jax.Array:
+        return self.weight(batch)
+
+    def sequence_logps(self, model: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """``(sums, counts)`` of the batch's completions, ``[B, 2]`` (pairs) or ``[N]`` (KTO)."""
+        tokens = batch["tokens"]
+        want = 3 if self.paired else 2
+        if tokens.ndim != want or (self.paired and tokens.shape[1] != 2):
+            layout = "pair-major tokens [B, 2, L] (see preference_arrays)" if self.paired else "rows tokens [N, L]"
+            raise ValueError(f"PreferenceObjective(loss={self.loss!r}) needs {layout}; got tokens of shape "
+                             f"{tuple(tokens.shape)}")
+        lead, n = tokens.shape[:-1], tokens.shape[-1]
+        flat = lambda x, k: x.reshape((-1, k))  # noqa: E731
+        s, c = sequence_logps(model, flat(tokens, n), flat(batch["mask"], n), flat(batch["loss_mask"], n - 1),
+                              chunk_size=self.chunk_size)
+        return s.reshape(lead), c.reshape(lead)
+
+    def _core(self, logps: jax.Array, counts: jax.Array, batch: dict) -> core.PreferenceOutput:
+        kw = dict(self.loss_kwargs)
+        name = self.loss
+        if name == "kto":
+            z0 = _required(batch, "kl_ref_point", name)[0]
+            return core.kto_loss(logps, _required(batch, "ref_logps", name), _required(batch, "desirable", name), z0,
+                                 **kw)
+        pc, pr, lc, lr = logps[:, 0], logps[:, 1], counts[:, 0], counts[:, 1]
+        if name in _DPO_TYPES:
+            ref = _required(batch, "ref_logps", name)
+            kw.setdefault("loss_type", _DPO_TYPES[name])
+            return core.dpo_loss(pc, pr, ref[:, 0], ref[:, 1], lc, lr, **kw)
+        if name == "kto_paired":
+            ref = _required(batch, "ref_logps", name)
+            return core.kto_paired_loss(pc, pr, ref[:, 0], ref[:, 1], **kw)
+        if name == "simpo":
+            return core.simpo_loss(pc, pr, lc, lr, **kw)
+        if name == "cpo":
+            lengths = (lc, lr) if kw.get("loss_type", "sigmoid") == "ipo" else (None, None)
+            return core.cpo_loss(pc, pr, *lengths, **kw)
+        return core.orpo_loss(pc / jnp.maximum(lc, 1.0), pr / jnp.maximum(lr, 1.0), **kw)  # orpo
+
+    def losses(self, logps: jax.Array, counts: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+        """Per-pair (per-row for KTO) losses from sequence sums and counts, and the metrics."""
+        out = self._core(logps, counts, batch)
+        losses = out.losses
+        metrics = {_METRIC_NAMES.get(k, f"pref/{k}"): v for k, v in out.metrics.items()}
+        metrics["pref/loss"] = jax.lax.stop_gradient(jnp.mean(losses))
+        if self.sft_coef:
+            nll = -logps[:, 0] / jnp.maximum(counts[:, 0], 1.0)
+            losses = losses + self.sft_coef * nll
+            metrics["pref/nll"] = jax.lax.stop_gradient(jnp.mean(nll))
+        return losses, metrics
+
+    def loss_sum(self, model: Any, batch: dict, key: jax.Array):
+        logps, counts = self.sequence_logps(model, batch)
+        losses, metrics = self.losses(logps, counts, batch)
+        return jnp.sum(losses), metrics
+
+
+def _required(batch: dict, name: str, loss: str) -> jax.Array:
+    if name not in batch:
+        raise KeyError(f"loss {loss!r} needs batch[{name!r}] (the trainer adds it; see "
+                       f"jaxrl_llm.training.preference's module docstring); the batch has {sorted(batch)}")
+    return batch[name]
+
+
+# ---------------------------------------------------------------------------------- recipes
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceRecipe:
+    """A preset: the loss, its paper's hyper-parameters, the NLL weight and the paper."""
+
+    name: str
+    loss: str
+    loss_kwargs: tuple[tuple[str, Any], ...]
+    sft_coef: float
+    paper: str
+    note: str = ""
+
+
+PREFERENCE_RECIPES: dict[str, PreferenceRecipe] = {r.name: r for r in (
+    PreferenceRecipe("dpo", "dpo", (("beta", 0.1),), 0.0,
+                     "Rafailov et al., Direct Preference Optimization, arXiv:2305.18290",
+                     "beta 0.1: the paper's value for its dialogue/summarisation runs and TRL's default"),
+    PreferenceRecipe("rpo", "dpo", (("beta", 0.1),), 1.0,
+                     "Pang et al., Iterative Reasoning Preference Optimization, arXiv:2404.19733",
+                     "DPO + alpha = 1 times the chosen NLL"),
+    PreferenceRecipe("ipo", "ipo", (("beta", 0.1),), 0.0,
+                     "Azar et al., A General Theoretical Paradigm to Understand Learning from Human "
+                     "Preferences, arXiv:2310.12036",
+                     "beta is the paper's tau (TRL's default 0.1); log-ratios averaged per token as in TRL 1.16"),
+    PreferenceRecipe("simpo", "simpo", (("beta", 2.0), ("gamma", 1.0)), 0.0,
+                     "Meng, Xia and Chen, SimPO, arXiv:2405.14734",
+                     "beta 2.0 and gamma / beta = 0.5 (the authors' Llama-3-Base config; TRL's simpo_gamma "
+                     "default is 0.5)"),
+    PreferenceRecipe("cpo", "cpo", (("beta", 0.1),), 1.0,
+                     "Xu et al., Contrastive Preference Optimization, arXiv:2401.08417",
+                     "beta 0.1 and NLL weight 1 (TRL's cpo_alpha)"),
+    PreferenceRecipe("orpo", "orpo", (("beta", 0.1),), 1.0,
+                     "Hong, Lee and Thorne, ORPO: Monolithic Preference Optimization without Reference Model, "
+                     "arXiv:2403.07691",
+                     "lambda = 0.1 on the odds-ratio term, SFT term weight 1"),
+    PreferenceRecipe("kto_paired", "kto_paired", (("beta", 0.1),), 0.0,
+                     "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
+                     "beta 0.1, lambda_D = lambda_U = 1, in-batch reference points"),
+    PreferenceRecipe("kto", "kto", (("beta", 0.1),), 0.0,
+                     "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
+                     "beta 0.1, lambda_D = lambda_U = 1 (keep lambda_D n_D / (lambda_U n_U) in [1, 4/3]); "
+                     "reference point from mismatched completions"),
+)}
+
+_OBJECTIVE_FIELDS = {f.name for f in dataclasses.fields(PreferenceObjective)} - {"loss"}
+
+
+def preference_recipe(name: str, **overrides: Any) -> PreferenceObjective:
+    """The :class:`PreferenceObjective` of a preset (:data:`PREFERENCE_RECIPES`: ``dpo``, ``rpo``,
+    ``ipo``, ``simpo``, ``cpo``, ``orpo``, ``kto_paired``, ``kto``) with its paper's
+    hyper-parameters. ``overrides`` are objective fields (``sft_coef``, ``chunk_size``,
+    ``loss_kwargs``) or keyword arguments of the core loss (``beta=0.05``, ``gamma=...``,
+    ``label_smoothing=...``), which are merged into ``loss_kwargs``."""
+    if name not in PREFERENCE_RECIPES:
+        raise ValueError(f"unknown preference recipe {name!r}; known: {', '.join(sorted(PREFERENCE_RECIPES))}")
+    r = PREFERENCE_RECIPES[name]
+    fields = {"sft_coef": r.sft_coef}
+    kw = dict(r.loss_kwargs)
+    for k, v in overrides.items():
+        if k == "loss_kwargs":
+            kw.update(dict(v))
+        elif k in _OBJECTIVE_FIELDS:
+            fields[k] = v
+        else:
+            kw[k] = v
+    return PreferenceObjective(r.loss, tuple(kw.items()), **fields)
+
+
+# ---------------------------------------------------------------------------------- host helpers
+
+
+def preference_arrays(batch: PreferenceBatch | KTOBatch) -> dict[str, np.ndarray]:
+    """Train arrays of a data batch: a :class:`~jaxrl_llm.data.PreferenceBatch` (``[2B, L]``,
+    chosen rows then rejected) becomes pair-major ``tokens``/``mask`` ``[B, 2, L]`` and
+    ``loss_mask [B, 2, L - 1]`` (target-aligned); a :class:`~jaxrl_llm.data.KTOBatch` becomes
+    rows ``tokens``/``mask`` ``[N, L]``, ``loss_mask [N, L - 1]`` and ``desirable [N]``."""
+    if isinstance(batch, KTOBatch):
+        return {"tokens": np.asarray(batch.tokens, np.int32), "mask": np.asarray(batch.mask, bool),
+                "loss_mask": np.asarray(batch.loss_mask, bool)[:, 1:], "desirable": np.asarray(batch.desirable, bool)}
+    if not isinstance(batch, PreferenceBatch):
+        raise TypeError(f"preference_arrays needs a PreferenceBatch or KTOBatch, got {type(batch).__name__}")
+    b = batch.num_pairs
+
+    def pairs(x):
+        return np.stack([x[:b], x[b:]], axis=1)
+    return {"tokens": pairs(np.asarray(batch.tokens, np.int32)), "mask": pairs(np.asarray(batch.mask, bool)),
+            "loss_mask": pairs(np.asarray(batch.loss_mask, bool)[:, 1:])}
+
+
+def sft_arrays(batch: SFTBatch) -> dict[str, np.ndarray]:
+    """``tokens``, ``mask`` ``[B, L]`` and target-aligned ``loss_mask [B, L - 1]`` for
+    :class:`~jaxrl_llm.training.SFTObjective`."""
+    return {"tokens": np.asarray(batch.tokens, np.int32), "mask": np.asarray(batch.mask, bool),
+            "loss_mask": np.asarray(batch.loss_mask, bool)[:, 1:]}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _forward_sums(graphdef, chunk_size, params, frozen, tokens, mask, loss_mask):
+    # one jit for every SequenceLogps of a graph: a trainer and an evaluator share compilations
+    return sequence_logps(nnx.merge(graphdef, params, *frozen), tokens, mask, loss_mask, chunk_size=chunk_size)[0]
+
+
+class SequenceLogps:
+    """Jitted sequence log-likelihood sums of a model (no gradient): ``fn(params, frozen,
+    tokens, mask, loss_mask) -> [...]`` numpy, for any leading shape (``[N, L]`` rows or
+    ``[B, 2, L]`` pairs); ``microbatches`` forward passes of ``1 / microbatches`` of the rows
+    each bound the memory like the train step's micro-batches."""
+
+    def __init__(self, graphdef: Any, *, chunk_size: int = 128, microbatches: int = 1):
+        if microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+        self.graphdef, self.chunk_size, self.microbatches = graphdef, chunk_size, microbatches
+
+    def __call__(self, params: Any, frozen: tuple, tokens: Any, mask: Any, loss_mask: Any) -> np.ndarray:
+        lead = tokens.shape[:-1]
+        t, m, lm = (np.asarray(x).reshape((-1, x.shape[-1])) for x in (tokens, mask, loss_mask))
+        rows = t.shape[0]
+        if rows % self.microbatches:
+            raise ValueError(f"{rows} rows are not divisible into {self.microbatches} reference micro-batches")
+        k = rows // self.microbatches
+        out = [np.asarray(_forward_sums(self.graphdef, self.chunk_size, params, tuple(frozen), t[i:i + k], m[i:i + k],
+                                        lm[i:i + k])) for i in range(0, rows, k)]
+        return np.concatenate(out).reshape(lead)
+
+
+def kto_mismatched_rows(tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndarray, pad: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """KTO's mismatched pairs: row ``i`` is prompt ``i`` + the completion of row ``i - 1``
+    (cyclically, as TRL's KL dataset). Inputs are rows with a target-aligned ``loss_mask
+    [N, L - 1]`` marking the completions; returns ``(tokens, mask, loss_mask)`` in the same
+    layout, right-padded to ``L`` (or the next power of two above it if a row is longer)."""
+    comp = np.concatenate([np.zeros((len(tokens), 1), bool), np.asarray(loss_mask, bool)], axis=1)
+    mask = np.asarray(mask, bool)
+    prompts = [tokens[i][mask[i] & ~comp[i]].tolist() for i in range(len(tokens))]
+    comps = [tokens[i][comp[i]].tolist() for i in range(len(tokens))]
+    rows = [prompts[i] + comps[i - 1] for i in range(len(tokens))]
+    need = max(len(r) for r in rows)
+    length = tokens.shape[1] if need <= tokens.shape[1] else 1 << (need - 1).bit_length()
+    out, out_mask = pad_rows(rows, length, pad)
+    lm = np.zeros_like(out_mask)
+    for i in range(len(rows)):
+        lm[i, len(prompts[i]):len(rows[i])] = True
+    return out, out_mask, lm[:, 1:]
+
+
+def _add_reference(objective: PreferenceObjective, arrays: dict, logps: SequenceLogps, ref_params: Any,
+                   policy_params: Any, frozen: tuple, kto_reference_point: str) -> dict:
+    """``ref_logps`` (and for unpaired KTO ``kl_ref_point``) added to ``arrays``."""
+    if not objective.needs_reference:
+        return arrays
+    arrays = dict(arrays)
+    if "ref_logps" not in arrays:  # (an evaluator computes them once)
+        arrays["ref_logps"] = logps(ref_params, frozen, arrays["tokens"], arrays["mask"],
+                                    arrays["loss_mask"]).astype(np.float32)
+    if objective.loss == "kto":
+        z0 = 0.0
+        if kto_reference_point == "mismatched":
+            kl_rows = kto_mismatched_rows(arrays["tokens"], arrays["mask"], arrays["loss_mask"])
+            z0 = float(core.kto_kl_reference_point(jnp.asarray(logps(policy_params, frozen, *kl_rows)),
+                                                   jnp.asarray(logps(ref_params, frozen, *kl_rows))))
+        arrays["kl_ref_point"] = np.full((arrays["tokens"].shape[0],), z0, np.float32)
+    return arrays
+
+
+def _check_batch_kind(objective: PreferenceObjective, batch: Any) -> None:
+    if objective.paired and not isinstance(batch, PreferenceBatch):
+        raise TypeError(f"loss {objective.loss!r} trains on pairs: the data must yield PreferenceBatch "
+                        f"(preference_dataset), got {type(batch).__name__}")
+    if not objective.paired and not isinstance(batch, KTOBatch):
+        raise TypeError(f"loss 'kto' trains on unpaired rows: the data must yield KTOBatch (kto_dataset), got "
+                        f"{type(batch).__name__}")
+
+
+_KTO_POINTS = ("mismatched", "zero")
+
+
+def _shares_buffers(a: Any, b: Any) -> bool:
+    ids = {id(x) for x in jax.tree.leaves(b)}
+    return any(id(x) in ids for x in jax.tree.leaves(a))
+
+
+# ---------------------------------------------------------------------------------- trainers
+
+
+class PreferenceTrainer(HostLoop):
+    """Offline preference optimisation: ``batch = next(data)`` -> pair-major arrays ->
+    reference log-prob sums (a jitted forward of ``ref_params``, only when the loss needs
+    them; for unpaired KTO also the reference point from mismatched completions under the
+    current and the reference policy) -> ``train_step``.
+
+    Args:
+      graphdef, state, train_step: as :class:`HostLoop`; ``train_step`` from
+        :func:`~jaxrl_llm.training.make_train_step` with ``objective``.
+      data: a :class:`~jaxrl_llm.data.DataIterator` of :class:`~jaxrl_llm.data.PreferenceBatch`
+        (:func:`~jaxrl_llm.data.preference_dataset`), or of :class:`~jaxrl_llm.data.KTOBatch`
+        for ``loss="kto"``.
+      objective: the :class:`PreferenceObjective` the step was built with.
+      ref_params: the frozen reference policy's params (usually a copy of the initial params;
+        required when ``objective.needs_reference``).
+      ref_microbatches: forward passes the reference computation is split into.
+      kto_reference_point: unpaired KTO's ``z0``: ``"mismatched"`` (TRL's estimate) or
+        ``"zero"`` (TRL's ``calculate_KL=False``).
+      **kw: ``seed``, ``frozen``, ``checkpointer``, ``checkpoint_every``, ``eval_fn``,
+        ``eval_every``, ``log_fn``, ``config`` as :class:`HostLoop`.
+
+    Metrics per step: the step's (``loss``, ``rewards/accuracy``, ``rewards/margin``, ...,
+    ``grad_norm``), ``time/data``, ``time/reference``, ``time/update``, ``tokens`` (real
+    tokens of the batch) and ``tokens_per_s``.
+    """
+
+    progress_desc = "preference"
+
+    def __init__(self, graphdef: Any, state: Any, train_step: Any, data: Any, objective: PreferenceObjective, *,
+                 ref_params: Any = None, ref_microbatches: int = 1, kto_reference_point: str = "mismatched", **kw):
+        if not isinstance(objective, PreferenceObjective):
+            raise TypeError(f"PreferenceTrainer.objective must be a PreferenceObjective, got {type(objective).__name__}")
+        if objective.needs_reference and ref_params is None:
+            raise ValueError(f"PreferenceTrainer.ref_params is required: loss {objective.loss!r} compares the policy "
+                             f"with a frozen reference (pass e.g. a copy of the initial params)")
+        if kto_reference_point not in _KTO_POINTS:
+            raise ValueError(f"PreferenceTrainer.kto_reference_point must be one of {_KTO_POINTS}, got "
+                             f"{kto_reference_point!r}")
+        super().__init__(graphdef, state, train_step, data, **kw)
+        if ref_params is not None and _shares_buffers(ref_params, state.params):
+            ref_params = jax.tree.map(jnp.copy, ref_params)  # a donating train step would delete them
+        self.objective, self.ref_params, self.kto_reference_point = objective, ref_params, kto_reference_point
+        self.logps = SequenceLogps(graphdef, chunk_size=objective.chunk_size, microbatches=ref_microbatches)
+
+    def prepare(self, batch: PreferenceBatch | KTOBatch) -> dict:
+        """The train arrays of a data batch, with the reference log-probs."""
+        _check_batch_kind(self.objective, batch)
+        return _add_reference(self.objective, preference_arrays(batch), self.logps, self.ref_params,
+                              self.state.params, self.frozen, self.kto_reference_point)
+
+    def step(self) -> dict:
+        t: dict[str, float] = {}
+        t0 = time.perf_counter()
+        batch = next(self.data)
+        t["time/data"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        arrays = self.prepare(batch)
+        t["time/reference"] = time.perf_counter() - t0
+        return self.update(arrays, int(np.sum(batch.mask)), t)
+
+
+class SFTTrainer(HostLoop):
+    """Supervised fine-tuning: ``batch = next(data)`` (:class:`~jaxrl_llm.data.SFTBatch` from
+    :func:`~jaxrl_llm.data.sft_dataset`) -> :func:`sft_arrays` -> ``train_step`` (built with
+    :class:`~jaxrl_llm.training.SFTObjective`). Arguments and metrics as
+    :class:`PreferenceTrainer` (without the reference)."""
+
+    progress_desc = "sft"
+
+    def step(self) -> dict:
+        t: dict[str, float] = {}
+        t0 = time.perf_counter()
+        batch = next(self.data)
+        t["time/data"] = time.perf_counter() - t0
+        return self.update(sft_arrays(batch), int(np.sum(batch.mask)), t)
+
+
+class PreferenceEvaluator:
+    """``evaluator(params, *frozen) -> {"eval/loss", "eval/rewards/accuracy", ...}``: the
+    objective's loss and metrics on fixed held-out pairs (or KTO rows), without an update;
+    usable as a trainer's ``eval_fn``. Reference log-probs are computed once, here."""
+
+    def __init__(self, graphdef: Any, objective: PreferenceObjective, batch: PreferenceBatch | KTOBatch, *,
+                 ref_params: Any = None, frozen: tuple = (), kto_reference_point: str = "mismatched",
+                 prefix: str = "eval"):
+        if objective.needs_reference and ref_params is None:
+            raise ValueError(f"PreferenceEvaluator.ref_params is required for loss {objective.loss!r}")
+        _check_batch_kind(objective, batch)
+        self.objective, self.prefix, self.kto_reference_point = objective, prefix, kto_reference_point
+        self.logps = SequenceLogps(graphdef, chunk_size=objective.chunk_size)
+        self.ref_params = ref_params
+        arrays = preference_arrays(batch)
+        if objective.needs_reference:
+            arrays["ref_logps"] = self.logps(ref_params, tuple(frozen), arrays["tokens"], arrays["mask"],
+                                             arrays["loss_mask"]).astype(np.float32)
+        self.arrays = arrays
+
+        def evaluate(params, frozen, arrays):
+            model = nnx.merge(graphdef, params, *frozen)
+            s, metrics = objective.loss_sum(model, arrays, jax.random.key(0))
+            return stats.safe_divide(s, objective.weight(arrays)), metrics
+        self._fn = jax.jit(evaluate)
+
+    def __call__(self, params: Any, *frozen: Any) -> dict[str, float]:
+        arrays = self.arrays
+        if self.objective.loss == "kto":
+            arrays = _add_reference(self.objective, arrays, self.logps, self.ref_params, params, tuple(frozen),
+                                    self.kto_reference_point)
+        loss, metrics = jax.device_get(self._fn(params, tuple(frozen), arrays))
+        out = {f"{self.prefix}/loss": float(loss)}
+        out.update({f"{self.prefix}/{k}": float(v) for k, v in metrics.items()})
+        return out
