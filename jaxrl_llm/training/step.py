@@ -51,8 +51,30 @@ class TrainState(NamedTuple):
 def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int | jax.Array = 0) -> TrainState:
     """A fresh :class:`TrainState` (``seed``: an int or a typed PRNG key)."""
     key = jax.random.key(seed) if isinstance(seed, int) else seed
-    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.key_data(key),
-                      jnp.zeros((), jnp.int32))
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jax.random.key_data(key),
+                       jnp.zeros((), jnp.int32))
+    return _commit(state)
+
+
+def _commit(tree: Any) -> Any:
+    """Commit the uncommitted leaves of ``tree`` (fresh scalars: step, optimiser counts) to
+    where the committed ones live -- replicated over their mesh, or their single device, or
+    the default device. The step returns committed arrays; without this, its second call
+    would see different argument placements and compile again."""
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    leaves = jax.tree.leaves(tree)
+    target = None
+    for x in leaves:
+        if isinstance(x, jax.Array) and x.committed:
+            sh = x.sharding
+            target = NamedSharding(sh.mesh, PartitionSpec()) if isinstance(sh, NamedSharding) else (
+                sh if isinstance(sh, SingleDeviceSharding) else None)
+            break
+    if target is None:
+        target = SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: jax.device_put(x, target)
+                        if isinstance(x, jax.Array) and not x.committed else x, tree)
 
 
 def train_state_shardings(optimizer: optax.GradientTransformation, state: TrainState, mesh: Any,

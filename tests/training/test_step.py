@@ -123,6 +123,20 @@ def test_donated_step_runs_twice_without_recompiling(compiles):
     assert compiles() == n
 
 
+def test_committed_params_do_not_compile_twice(compiles):
+    # params on a device (as loaders return them) + fresh scalar leaves (step, Adam's count):
+    # init_train_state commits the scalars so the step's outputs match its inputs' placement
+    obj = PolicyObjective(jl.ppo_clip_loss)
+    opt = optax.adam(1e-3)
+    gd, state = setup(opt)
+    state = init_train_state(jax.device_put(state.params, jax.devices()[0]), opt, seed=0)
+    step = make_train_step(gd, opt, obj)
+    state, _ = step(state, rl_batch(4))
+    n = compiles()
+    state, _ = step(state, rl_batch(5))
+    assert compiles() == n
+
+
 def test_bad_microbatch_count():
     obj = PolicyObjective(jl.ppo_clip_loss)
     opt = optax.sgd(0.1)
