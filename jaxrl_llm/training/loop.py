@@ -56,7 +56,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.data.pipeline import repeat_columns
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
 from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard
-from jaxrl_llm.training.objectives import policy_logprobs
+from jaxrl_llm.training.objectives import PolicyObjective, policy_logprobs
 from jaxrl_llm.training.rl import (Critic, RLRecipe, advantages_and_returns, build_rl_batch, critic_values, minibatches,
                                    outcome_token_rewards, to_target_aligned)
 
@@ -158,7 +158,7 @@ class RLTrainer:
 
     After each step, ``last_batch`` holds its host arrays (train arrays plus ``scores``, the
     shaped scores, ``valid``, the rows that count, and ``baseline_scores`` for ReMax), for
-    inspection.
+    inspection; :meth:`last_samples` decodes a few of its rows for sample logs.
     """
 
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
@@ -201,6 +201,7 @@ class RLTrainer:
         self.history: list[dict] = []
         self.iteration = 0  # steps done
         self.last_batch: dict[str, np.ndarray] | None = None
+        self._last_prompts: list[str] = []
         self._adv: dict = {}
 
     # ------------------------------------------------------------------ pieces
@@ -347,8 +348,7 @@ class RLTrainer:
             inputs["old_logp"], inputs["ref_logp"] = arrays["old_logp"][:, c0:], arrays["ref_logp"][:, c0:]
         if rec.advantage_type == "greedy_baseline":
             t1 = time.perf_counter()
-            cols = rounds[0][0].columns
-            cols = {k: [rounds[r][0].columns[k][i] for r, i in groups] for k in cols}
+            cols = {k: [rounds[r][0].columns[k][i] for r, i in groups] for k in rounds[0][0].columns}
             broll = self.baseline_sampler(self.state.params, prompt_ids, k_roll, *self.frozen)  # greedy: key unused
             bout = self._score([rounds[r][0].prompts[i] for r, i in groups], cols, broll, 1)
             base = self._shape(bout.total, broll.lengths)
@@ -367,14 +367,15 @@ class RLTrainer:
             arrays["returns"] = to_target_aligned(np.asarray(ret, np.float32), prompt_len)
         if kl is not None:
             extra["kl_in_reward/mean"] = float(np.asarray(kl)[cmask].mean()) if cmask.any() else 0.0
-        if "baseline_scores" in inputs:
-            extra["baseline_scores"] = inputs["baseline_scores"]
         t["time/prepare"] = time.perf_counter() - t0
 
         # ---- updates: epochs x mini-batches (critic first, on the same rows)
         t0 = time.perf_counter()
         train = {k: v for k, v in arrays.items() if k in TRAIN_KEYS or k in CRITIC_KEYS}
         train_actor = self.critic is None or self.iteration >= rec.critic_warmup
+        actor_keys = TRAIN_KEYS
+        if isinstance(rec.objective, PolicyObjective) and not rec.objective.kl_coef:
+            actor_keys = tuple(k for k in TRAIN_KEYS if k != "ref_logp")  # used by KL-in-reward only
         step_metrics, critic_metrics, empty = [], [], 0
         for epoch in range(rec.epochs):
             k_epoch = jax.random.fold_in(k_mb, epoch)
@@ -387,14 +388,15 @@ class RLTrainer:
                                                                    {k: mb[k] for k in CRITIC_KEYS}, *self.critic.frozen)
                     critic_metrics.append(cm)
                 if train_actor:
-                    self.state, m = self.train_step(self.state, {k: mb[k] for k in TRAIN_KEYS if k in mb}, *self.frozen)
+                    self.state, m = self.train_step(self.state, {k: mb[k] for k in actor_keys if k in mb}, *self.frozen)
                     step_metrics.append(m)
         step_metrics, critic_metrics = jax.device_get((step_metrics, critic_metrics))
         t["time/update"] = time.perf_counter() - t0
         self.iteration += 1
-        self.last_batch = dict(arrays, scores=scores, valid=valid,
-                               **({"baseline_scores": extra.pop("baseline_scores")} if "baseline_scores" in extra
-                                  else {}))
+        self._last_prompts = [rounds[r][0].prompts[i] for r, i in groups]
+        self.last_batch = dict(arrays, scores=scores, valid=valid)
+        if "baseline_scores" in inputs:
+            self.last_batch["baseline_scores"] = inputs["baseline_scores"]
 
         # ---- metrics
         gen_lengths = np.concatenate([np.asarray(x[1].lengths) for x in rounds])
@@ -424,6 +426,25 @@ class RLTrainer:
                         "tokens_per_s": gen_tokens / max(t["time/rollout"], 1e-9)})
         metrics.update(t)
         return metrics
+
+    def last_samples(self, n: int = 4) -> list[dict]:
+        """Up to ``n`` rows of the last train batch, one per group first: ``prompt``,
+        ``completion`` (decoded), ``reward`` (the shaped score) and ``advantage`` (its mean
+        over the completion), for sample logs."""
+        b = self.last_batch
+        if b is None:
+            return []
+        g = self.recipe.num_samples
+        order = [i for k in range(g) for i in range(k, len(b["valid"]), g)]  # sample k of every group, k = 0, 1, ...
+        cmask = b["completion_mask"]
+        p = b["tokens"].shape[1] - cmask.shape[1]
+        out = []
+        for i in [i for i in order if b["valid"][i]][:n]:
+            adv = b["advantages"][i, p - 1:][cmask[i]]
+            out.append({"prompt": self._last_prompts[b["group_ids"][i]],
+                        "completion": self.tokenizer.decode(b["tokens"][i, p:][cmask[i]], skip_special_tokens=True),
+                        "reward": float(b["scores"][i]), "advantage": float(adv.mean()) if adv.size else 0.0})
+        return out
 
     # ------------------------------------------------------------------ the run
 
