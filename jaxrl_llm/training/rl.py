@@ -199,7 +199,9 @@ class RLRecipe:
       dynamic_sampling: DAPO's dynamic sampling: keep drawing prompt batches until the
         step's batch holds as many groups with non-zero reward spread as one data batch
         has prompts (see :class:`~jaxrl_llm.training.RLTrainer`).
-      max_sampling_rounds: cap on the prompt batches drawn per step with dynamic sampling.
+      max_sampling_rounds: cap on the prompt batches drawn per step with dynamic sampling
+        (10, verl's ``max_num_gen_batches``; verl raises when it is hit, we train on the
+        groups kept so far).
       dynamic_sampling_metric: what the filter looks at: ``None`` the reward total before
         overlong shaping, or the name of one reward function (DAPO filters on accuracy).
       overlong_shaping: add DAPO's soft overlong penalty

@@ -171,6 +171,17 @@ def test_presets_and_validation():
                   recipe("ppo", num_samples=2), Tok())
 
 
+def test_critic_create_copies_the_backbone_into_new_buffers():
+    gd, params = init()
+    params = commit(params)
+    c = Critic.create(CFG, optax.adam(1e-3), ValueObjective(), policy_params=params, seed=1)
+    pol, cri = nnx.to_pure_dict(params), nnx.to_pure_dict(c.state.params)
+    assert set(cri) == set(pol) - {"lm_head"} | {"score"} and cri["score"]["kernel"].shape == (CFG.hidden_size, 1)
+    for a, b in zip(jax.tree.leaves(pol["blocks"]) + [pol["embed"]], jax.tree.leaves(cri["blocks"]) + [cri["embed"]]):
+        np.testing.assert_array_equal(a, b)
+        assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer()  # the critic's step donates its own buffers
+
+
 def test_value_objective_is_exact_over_row_splits():
     """The critic's (sum, weight) pair is additive over rows, so the train step's micro-batches
     (exact global normalisation) see the same loss; the loss is verl's clipped value loss."""
