@@ -4,5 +4,5 @@
 # comparison of ten recipes composed from jaxrl_llm.core (about 30 s on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS= bash scripts/setup.sh
+EXTRAS=plot bash scripts/setup.sh
 exec .venv/bin/python experiments/toy_sum_rl.py "$@"
