@@ -159,6 +159,11 @@ class PreferenceObjective:
         """False for unpaired KTO (rows with a ``desirable`` flag), True otherwise."""
         return self.loss != "kto"
 
+    def batch_keys(self) -> tuple[str, ...]:
+        """The arrays the batch must hold (see the module docstring for their shapes)."""
+        keys = ("tokens", "mask", "loss_mask") + (("ref_logps",) if self.needs_reference else ())
+        return keys + (("desirable", "kl_ref_point") if self.loss == "kto" else ())
+
     # ------------------------------------------------------------------ the objective protocol
 
     def weight(self, batch: dict) -> jax.Array:
@@ -217,6 +222,8 @@ class PreferenceObjective:
         return losses, metrics
 
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
+        for name in self.batch_keys():  # before the forward pass: a missing key fails at once
+            _required(batch, name, self.loss)
         logps, counts = self.sequence_logps(model, batch)
         losses, metrics = self.losses(logps, counts, batch)
         return jnp.sum(losses), metrics

@@ -28,7 +28,9 @@ CFG = ModelConfig(vocab_size=len(TOK), hidden_size=32, num_layers=2, num_heads=4
 L = 32
 
 
+@functools.cache
 def model_parts(seed=0):
+    """(graphdef, params), built once per seed: tests never donate these params."""
     return nnx.split(Transformer(CFG, rngs=nnx.Rngs(seed)))
 
 
@@ -138,11 +140,15 @@ def test_objective_equals_core_loss_on_independent_logps():
     arrays["ref_logps"] = np.stack([ref[:b], ref[b:]], 1).astype(np.float32)
     # the library's forward: pair-major sums and counts equal the independent ones ...
     dpo = preference_recipe("dpo")
-    s, m = jax.jit(lambda p, a: dpo.loss_sum(nnx.merge(GD, p), a, jax.random.key(0)))(params, arrays)
+
+    @jax.jit
+    def library(p, a):
+        model = nnx.merge(GD, p)
+        return dpo.loss_sum(model, a, jax.random.key(0)), dpo.sequence_logps(model, a)
+    (s, m), (logps, counts) = library(params, arrays)
     want = core.dpo_loss(c, r, rc, rr, beta=0.1)
     assert abs(float(s) / b - float(jnp.mean(want.losses))) <= 1e-6
     assert abs(float(m["rewards/margin"]) - float(want.metrics["reward_margin"])) <= 1e-6
-    logps, counts = jax.jit(lambda p, a: dpo.sequence_logps(nnx.merge(GD, p), a))(params, arrays)
     np.testing.assert_allclose(np.asarray(logps), np.stack([c, r], 1), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(counts), np.stack([lc, lr], 1))
     # ... and each loss is its core function of those sums (the step's loss is sum / weight)
@@ -297,8 +303,11 @@ def test_bad_configurations_name_the_field():
     trainer = PreferenceTrainer(GD, state, make_train_step(GD, opt, obj), kto_data(kto_rows(toy_pairs(4, 0)), 4), obj)
     with pytest.raises(TypeError, match="loss 'simpo' trains on pairs.*got KTOBatch"):
         trainer.step()
-    with pytest.raises(ValueError, match=r"needs pair-major tokens \[B, 2, L\]"):
-        obj.loss_sum(nnx.merge(GD, params), {"tokens": jnp.zeros((4, L), jnp.int32)}, jax.random.key(0))
+    pb = next(pair_data(toy_pairs(2, 0), 2))  # the data's [2B, L] rows passed as they are
+    with pytest.raises(ValueError, match=r"needs pair-major tokens \[B, 2, L\] \(see preference_arrays\); got "
+                                         r"tokens of shape \(4, 32\)"):
+        obj.loss_sum(nnx.merge(GD, params), {"tokens": pb.tokens, "mask": pb.mask, "loss_mask": pb.loss_mask[:, 1:]},
+                     jax.random.key(0))
     with pytest.raises(KeyError, match=r"loss 'dpo' needs batch\['ref_logps'\]"):
         arrays = preference_arrays(next(pair_data(toy_pairs(2, 0), 2)))
         preference_recipe("dpo").loss_sum(nnx.merge(GD, params), arrays, jax.random.key(0))
