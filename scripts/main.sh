@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # README command 1: set everything up and run the main job.
-# Until the model, rollout and training issues land, the main job is the toy sequence-RL
-# comparison of ten recipes composed from jaxrl_llm.core (about 30 s on 2 CPU cores).
+# The main job: GRPO (LoRA) on the embedded SmolLM2-135M-Instruct for small-number arithmetic,
+# held-out accuracy before/after, checkpoint, HF export, reward-curve plot (about 15 min on
+# 2 CPU cores; experiments/smollm2_grpo.py). Arguments are config overrides (run.seed=1 ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=plot bash scripts/setup.sh
-exec .venv/bin/python experiments/toy_sum_rl.py "$@"
+exec .venv/bin/jaxrl-llm train smollm2_grpo "$@"

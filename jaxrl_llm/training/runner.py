@@ -584,4 +584,9 @@ def run_rl(cfg: RLRunConfig) -> dict:
     summary["seconds_this_process"] = time.perf_counter() - t_start
     if host0:
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    return summary
+        acc = [("start", summary["eval_before"])] + ([("after SFT", summary["eval_after_sft"])]
+                                                     if "eval_after_sft" in summary else [])
+        acc.append(("after RL", summary["eval_after"]))
+        print(f"held-out accuracy ({int(summary['eval_after']['eval/n'])} problems, greedy): "
+              + " -> ".join(f"{k} {v['eval/accuracy']:.3f}" for k, v in acc) + f"  [{out}]", flush=True)
+    return {k: v for k, v in summary.items() if k not in ("config", "eval_before_samples", "eval_after_samples")}
