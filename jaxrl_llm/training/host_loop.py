@@ -5,7 +5,9 @@ an exact resume (train state, data-iterator state and metric history).
 A subclass implements :meth:`HostLoop.step` (one update; returns its metrics) and gets
 :meth:`~HostLoop.run`, :meth:`~HostLoop.save` and :meth:`~HostLoop.restore`. The checkpoint
 record has the layout of :class:`~jaxrl_llm.training.RLTrainer`'s (``data_state``, ``loop =
-{iteration, seed}``, ``config``, ``history``), so the two kinds of runs restore alike.
+{iteration, seed}``, ``config``, ``history``), so the two kinds of runs restore alike; a loop
+that checkpoints more than its train state overrides :meth:`~HostLoop.checkpoint_state` and
+:meth:`~HostLoop.load_checkpoint_state`.
 """
 
 from __future__ import annotations
@@ -81,11 +83,19 @@ class HostLoop:
 
     # ------------------------------------------------------------------ the run
 
+    def checkpoint_state(self) -> Any:
+        """The arrays a checkpoint holds (the train state; a subclass may add e.g. a critic's)."""
+        return self.state
+
+    def load_checkpoint_state(self, state: Any) -> None:
+        """Put restored arrays (of :meth:`checkpoint_state`'s structure) back in place."""
+        self.state = state
+
     def save(self, metrics: dict | None = None) -> None:
         """Checkpoint the train state, the data iterator's state and the history."""
         if self.checkpointer is None:
             return
-        self.checkpointer.save(self.iteration, self.state, data_state=self.data.get_state(),
+        self.checkpointer.save(self.iteration, self.checkpoint_state(), data_state=self.data.get_state(),
                                loop={"iteration": self.iteration, "seed": self.seed}, config=self.config,
                                history=self.history, metrics=metrics)
 
@@ -93,7 +103,8 @@ class HostLoop:
         """Resume from the latest checkpoint, if any; True if one was restored."""
         if self.checkpointer is None or self.checkpointer.latest_step() is None:
             return False
-        self.state, record = self.checkpointer.restore(self.state)
+        state, record = self.checkpointer.restore(self.checkpoint_state())
+        self.load_checkpoint_state(state)
         self.data.set_state(record["data_state"])
         self.iteration = int(record["loop"]["iteration"])
         self.history = list(record["history"])

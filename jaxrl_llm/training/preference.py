@@ -106,9 +106,9 @@ class PreferenceObjective:
     ``pref/nll`` (with ``sft_coef``) and the loss's own metrics as ``pref/<name>``.
 
     Exactness across micro-batches holds for every loss whose per-pair loss depends on the
-    pair only: all except ``kto_paired`` without a ``kl_ref_point`` (its in-batch reference
-    points are means over the micro-batch, as TRL's former ``kto_pair`` used the device
-    batch). For unpaired ``kto`` the loss is exact; its per-class metrics are micro-batch
+    pair only: all except ``kto_paired`` without a fixed ``kl_ref_point`` in ``loss_kwargs``
+    (its in-batch reference points are means over the micro-batch, as TRL's former
+    ``kto_pair`` used the device batch). For unpaired ``kto`` the loss is exact; its per-class metrics are micro-batch
     means weighted by rows (exact with one micro-batch).
     """
 

@@ -23,7 +23,7 @@ from jaxrl_llm.training import (Checkpointer, PreferenceEvaluator, PreferenceObj
                                 preference_arrays, preference_recipe)
 
 TOK = char_tokenizer()
-CFG = ModelConfig(vocab_size=len(TOK), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+CFG = ModelConfig(vocab_size=len(TOK), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
                   intermediate_size=64, tie_embeddings=True)
 L = 32
 
