@@ -1,7 +1,8 @@
 """Offline preference objectives and trainers on a tiny model over the character tokenizer:
 the objective equals the core loss on independently computed log-likelihoods, micro-batching
-is exact, short runs of DPO / SimPO / ORPO / KTO move held-out pairs the right way, SFT
-learns and resumes bit for bit, bad configurations fail with errors naming the field."""
+is exact, short runs of DPO / SimPO / ORPO move held-out pairs the right way, unpaired KTO
+gets its reference point from mismatched completions, SFT learns and resumes bit for bit,
+bad configurations fail with errors naming the field."""
 
 import functools
 
@@ -49,7 +50,7 @@ def train_step(name, microbatches):
     return make_train_step(GD, sgd(1.0), preference_recipe(name), num_microbatches=microbatches, donate=False)
 
 
-def toy_pairs(n, seed, offset=0):
+def toy_pairs(n, seed):
     """One-digit sums; chosen = the right answer, rejected = off by a multiple of ten (a
     preference a small model can pick up without learning arithmetic)."""
     rng = np.random.default_rng(seed)
@@ -57,7 +58,7 @@ def toy_pairs(n, seed, offset=0):
     for _ in range(n):
         a, b = (int(x) for x in rng.integers(0, 10, 2))
         rows.append({"prompt": f"{a}+{b}=", "chosen": str(a + b),
-                     "rejected": str(a + b + 10 * int(rng.integers(1, 5)) + offset)})
+                     "rejected": str(a + b + 10 * int(rng.integers(1, 5)))})
     return rows
 
 
@@ -243,6 +244,8 @@ def test_kto_mismatched_rows_and_reference_point():
     trainer = PreferenceTrainer(GD, init_train_state(policy, opt), lambda *a: None, kto_data(rows, 2 * B), obj,
                                 ref_params=ref)
     arrays = trainer.prepare(next(kto_data(rows, 2 * B)))
+    np.testing.assert_allclose(arrays["ref_logps"], reference_sums(ref, kb.tokens, kb.mask, kb.loss_mask)[0],
+                               rtol=1e-6, atol=1e-5)
     assert abs(float(arrays["kl_ref_point"][0]) - abs(float(d.mean()))) <= 1e-4 * max(1.0, abs(float(d.mean())))
     assert np.all(arrays["kl_ref_point"] == arrays["kl_ref_point"][0]) and arrays["kl_ref_point"][0] > 0
 
