@@ -46,6 +46,7 @@ def test_run_writes_everything_and_resumes(tmp_path):
     assert json.loads((out / "summary.json").read_text())["steps"] == 3
 
 
+@pytest.mark.slow  # PPO's critic path is covered by test_rl_recipes_extra; this adds the runner wiring
 def test_run_with_a_critic(tmp_path):
     cfg = tiny(tmp_path / "ppo", steps=1, eval_every=0, export_hf=False, plot=False, log_samples_every=0)
     cfg = dataclasses.replace(cfg, recipe=RecipeSpec(name="ppo", num_minibatches=2), sft=SFTSpec(steps=0))
