@@ -143,6 +143,13 @@ class SFTSpec:
     lr: float = 3e-3
     warmup_steps: int = 0
     schedule: str = "constant"
+    #: Stop the warm-up early once greedy accuracy on ``probe_rows`` *training* prompts (never
+    #: the held-out ones) reaches this value, checked every ``probe_every`` steps (0: run all
+    #: ``steps``). Small models cross from "mostly wrong" to "mostly right" at seed-dependent
+    #: step counts; a target makes RL start from a comparable, partly-right policy on every seed.
+    target_accuracy: float = 0.0
+    probe_every: int = 50
+    probe_rows: int = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,6 +373,10 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     make_optimizer(cfg.optim.lr, cfg.run.steps, warmup_steps=cfg.optim.warmup_steps, schedule=cfg.optim.schedule)
     if cfg.sft.steps:
         make_optimizer(cfg.sft.lr, cfg.sft.steps, warmup_steps=cfg.sft.warmup_steps, schedule=cfg.sft.schedule)
+    if not 0.0 <= cfg.sft.target_accuracy <= 1.0:
+        raise ValueError(f"sft.target_accuracy must be in [0, 1], got {cfg.sft.target_accuracy}")
+    if cfg.sft.target_accuracy and (cfg.sft.probe_every < 1 or cfg.sft.probe_rows < 1):
+        raise ValueError("sft.probe_every and sft.probe_rows must be >= 1 when sft.target_accuracy is set")
     if cfg.rollout.prompts_per_step < 1 or cfg.rollout.max_new_tokens < 1:
         raise ValueError("rollout.prompts_per_step and rollout.max_new_tokens must be >= 1")
     if cfg.data.dataset and not cfg.data.eval_dataset:
@@ -386,7 +397,9 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
 # ----------------------------------------------------------------------------- the run
 
 
-def _sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_fn) -> tuple[Any, dict]:
+def _sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_fn, probe=None) -> tuple[Any, dict]:
+    """SFT on ``sft_rows``; with ``cfg.sft.target_accuracy`` it stops once ``probe(params)``
+    (greedy accuracy on training prompts) reaches the target."""
     from jaxrl_llm.data import ListSource, SFTDataConfig, sft_dataset
     from jaxrl_llm.training.objectives import SFTObjective
     from jaxrl_llm.training.preference import sft_arrays
@@ -403,14 +416,27 @@ def _sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_f
                        SFTDataConfig(batch_size=s.batch_size, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt,
                                      length_buckets=tuple(cfg.rollout.prompt_buckets), seed=cfg.run.seed),
                        process_index=jax.process_index(), process_count=jax.process_count())
-    t0, nll = time.perf_counter(), []
+    t0, nll, probes, done = time.perf_counter(), [], [], s.steps
     for i in range(s.steps):
         state, m = step(state, sft_arrays(next(data)), *frozen)
         if (i + 1) % 50 == 0 or i + 1 == s.steps:
             nll.append(float(m["sft/nll"]))
             log_fn({"sft/nll": nll[-1]}, step=i + 1)
-    return state.params, {"steps": s.steps, "nll_last": nll[-1] if nll else None,
-                          "seconds": time.perf_counter() - t0}
+        if s.target_accuracy and probe is not None and (i + 1) % s.probe_every == 0:
+            acc = float(probe(state.params)["eval/accuracy"])
+            probes.append((i + 1, acc))
+            log_fn({"sft/probe_accuracy": acc}, step=i + 1)
+            if acc >= s.target_accuracy:
+                done = i + 1
+                if done % 50:
+                    log_fn({"sft/nll": float(m["sft/nll"])}, step=done)
+                break
+    info = {"steps": done, "nll_last": float(m["sft/nll"]) if s.steps else None,
+            "seconds": time.perf_counter() - t0}
+    if s.target_accuracy:
+        info["probe_accuracy"] = probes
+        info["reached_target"] = bool(probes) and probes[-1][1] >= s.target_accuracy
+    return state.params, info
 
 
 def _plot(history: list[dict], path: Path, before: float, after: float | None) -> None:
@@ -501,7 +527,15 @@ def run_rl(cfg: RLRunConfig) -> dict:
         summary["eval_before_samples"] = [{"prompt": r["prompt"], "completion": c}
                                           for r, c in zip(eval_rows[:8], evaluate.last_completions[:8])]
         if cfg.sft.steps:
-            params, summary["sft"] = _sft_warmup(cfg, gd, params, frozen, tok, sft_rows, tel)
+            probe = None
+            if cfg.sft.target_accuracy:
+                probe_rows = [train_src[i] for i in range(min(cfg.sft.probe_rows, len(train_src)))]
+                p_eval = Evaluator(gd, tok, probe_rows, score_fn, max_new_tokens=cfg.rollout.max_new_tokens,
+                                   stop_token_ids=(stop,), pad_token_id=pad, chat=cfg.data.chat,
+                                   system_prompt=cfg.data.system_prompt, batch_size=cfg.run.eval_batch_size,
+                                   length_buckets=tuple(cfg.rollout.prompt_buckets))
+                probe = lambda p: p_eval(p, *frozen)  # noqa: E731
+            params, summary["sft"] = _sft_warmup(cfg, gd, params, frozen, tok, sft_rows, tel, probe=probe)
             summary["eval_after_sft"] = evaluate(params, *frozen)
         if host0:
             before_path.write_text(json.dumps({k: summary[k] for k in ("eval_before", "eval_after_sft", "sft",
