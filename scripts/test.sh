@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=dev,peers,plot bash scripts/setup.sh
 bash scripts/setup_peers.sh
-exec .venv/bin/python -m pytest "$@"
+# two workers: most tests are bound by single-threaded XLA compilation, so one process leaves
+# a core idle; --dist loadfile keeps each file (and its module fixtures) on one worker
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
