@@ -416,21 +416,20 @@ def _sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_f
                        SFTDataConfig(batch_size=s.batch_size, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt,
                                      length_buckets=tuple(cfg.rollout.prompt_buckets), seed=cfg.run.seed),
                        process_index=jax.process_index(), process_count=jax.process_count())
-    t0, nll, probes, done = time.perf_counter(), [], [], s.steps
+    t0, probes, done = time.perf_counter(), [], s.steps
     for i in range(s.steps):
         state, m = step(state, sft_arrays(next(data)), *frozen)
-        if (i + 1) % 50 == 0 or i + 1 == s.steps:
-            nll.append(float(m["sft/nll"]))
-            log_fn({"sft/nll": nll[-1]}, step=i + 1)
-        if s.target_accuracy and probe is not None and (i + 1) % s.probe_every == 0:
+        n, reached = i + 1, False
+        if probe is not None and s.target_accuracy and n % s.probe_every == 0:
             acc = float(probe(state.params)["eval/accuracy"])
-            probes.append((i + 1, acc))
-            log_fn({"sft/probe_accuracy": acc}, step=i + 1)
-            if acc >= s.target_accuracy:
-                done = i + 1
-                if done % 50:
-                    log_fn({"sft/nll": float(m["sft/nll"])}, step=done)
-                break
+            probes.append((n, acc))
+            log_fn({"sft/probe_accuracy": acc}, step=n)
+            reached = acc >= s.target_accuracy
+        if n % 50 == 0 or n == s.steps or reached:
+            log_fn({"sft/nll": float(m["sft/nll"])}, step=n)
+        if reached:
+            done = n
+            break
     info = {"steps": done, "nll_last": float(m["sft/nll"]) if s.steps else None,
             "seconds": time.perf_counter() - t0}
     if s.target_accuracy:

@@ -66,6 +66,10 @@ def test_check_catches_bad_configs():
         check_rl(dataclasses.replace(cfg, model=ModelSpec(source="hf:/nonexistent", preset="nope")))
     with pytest.raises(ValueError, match="unknown recipe"):
         check_rl(dataclasses.replace(cfg, recipe=RecipeSpec(name="nope")))
+    with pytest.raises(ValueError, match="sft.target_accuracy"):
+        check_rl(dataclasses.replace(cfg, sft=SFTSpec(steps=10, target_accuracy=1.5)))
+    with pytest.raises(ValueError, match="sft.probe_every"):
+        check_rl(dataclasses.replace(cfg, sft=SFTSpec(steps=10, target_accuracy=0.5, probe_every=0)))
     with pytest.raises(ValueError, match="optim.schedule"):
         check_rl(dataclasses.replace(cfg, optim=OptimSpec(schedule="linear")))
     big = check_rl(dataclasses.replace(cfg, model=ModelSpec(source="hf:/x", preset="qwen2.5-1.5b"),
