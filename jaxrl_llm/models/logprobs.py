@@ -2,14 +2,19 @@
 
 The logits of a real vocabulary are the largest activation of RL training (``[B, T, V]``
 float32 is 20 GB for 8 x 4096 x 152k). Here they exist one ``[B, chunk, V]`` slice at a
-time: the sequence is walked in chunks inside a ``lax.scan`` whose body is rematerialised
-(``jax.checkpoint``), so the backward pass recomputes each slice instead of storing it.
-Peak logits memory is ``B * chunk * V * 4`` bytes in both passes (measured in
-``benchmarks/logprobs_memory.py``).
+time: the sequence is walked in chunks inside a ``lax.scan``, and each chunk has a hand-written
+backward pass (``jax.custom_vjp``) that recomputes its logits instead of storing them and
+forms ``d loss / d logits`` in one elementwise pass (``onehot(target) - p`` for the log-prob,
+``-p (z - E_p[z])`` for the entropy), with no scatter for the gathered target. Peak logits
+memory is ``B * chunk * V * 4`` bytes in both passes (measured in
+``benchmarks/logprobs_memory.py``); against autodiff of the same rematerialised chunk it cut
+the GRPO loss gradient of SmolLM2-135M from 4.3 s to 3.5 s on this CPU. First-order reverse
+mode only (no ``jax.jvp`` / forward-mode through it).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -56,25 +61,56 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
     y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
 
-    @jax.checkpoint
-    def one(hc, yc, w):
-        z = jnp.einsum("bcd,dv->bcv", hc.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
-        z = constrain(z, ("act_batch", "act_seq", "act_vocab"))
-        z = z / temperature
-        lse = jax.nn.logsumexp(z, axis=-1)
-        lp = jnp.take_along_axis(z, yc[..., None], axis=-1)[..., 0] - lse
-        if not with_entropy:
-            return lp, jnp.zeros_like(lp)
-        p = jnp.exp(z - lse[..., None])
-        return lp, lse - jnp.sum(p * z, axis=-1)
-
     def body(_, xs):
-        return None, one(xs[0], xs[1], unembedding)
+        return None, _chunk(xs[0], unembedding, xs[1], temperature, bool(with_entropy), dt)
 
     _, (lp, ent) = jax.lax.scan(body, None, (h, y))
     lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     return lp, (ent if with_entropy else None)
+
+
+def _chunk_forward(h, w, y, temperature, dt):
+    z = jnp.einsum("bcd,dv->bcv", h.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+    z = constrain(z, ("act_batch", "act_seq", "act_vocab")) / temperature
+    lse = jax.nn.logsumexp(z, axis=-1)
+    lp = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0] - lse
+    return z, lse, lp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunk(h, w, y, temperature, with_entropy, dt):
+    """``(logp, entropy)`` of one ``[B, c]`` slice; the backward pass recomputes the logits."""
+    return _chunk_fwd(h, w, y, temperature, with_entropy, dt)[0]
+
+
+def _chunk_fwd(h, w, y, temperature, with_entropy, dt):
+    z, lse, lp = _chunk_forward(h, w, y, temperature, dt)
+    if with_entropy:
+        ent = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+    else:
+        ent = jnp.zeros_like(lp)
+    return (lp, ent), (h, w, y, temperature, lse, ent)  # the [B, c, V] logits are not kept
+
+
+def _chunk_bwd(with_entropy, dt, res, g):
+    """d logp / dz = onehot(y) - p; d entropy / dz = -p (z - E_p[z]); both over temperature.
+    One fused elementwise pass and two matmuls (no scatter for the gathered target)."""
+    h, w, y, temperature, lse, ent = res
+    g_lp, g_ent = g
+    z = _chunk_forward(h, w, y, temperature, dt)[0]
+    p = jnp.exp(z - lse[..., None])
+    hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == y[..., None]
+    dz = g_lp[..., None] * (jnp.where(hit, 1.0, 0.0) - p)
+    if with_entropy:  # d(entropy)/dz = -p (z - E_p[z]),  E_p[z] = lse - entropy
+        dz = dz - g_ent[..., None] * p * (z - (lse - ent)[..., None])
+    dz = constrain(dz / temperature, ("act_batch", "act_seq", "act_vocab")).astype(dt)
+    dh = jnp.einsum("bcv,dv->bcd", dz, w.astype(dt), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("bcd,bcv->dv", h.astype(dt), dz, preferred_element_type=jnp.float32)
+    return dh.astype(h.dtype), dw.astype(w.dtype), None, None  # targets, temperature: no gradient
+
+
+_chunk.defvjp(_chunk_fwd, _chunk_bwd)
 
 
 def sequence_logprobs(model, tokens: jax.Array, mask: jax.Array, *, chunk_size: int = 128,
