@@ -10,7 +10,11 @@ eight give the same update up to float summation order, for every aggregation mo
 a mesh the batch is global so hosts normalise by the global weight too.
 
 A non-finite loss or gradient skips the update: parameters and optimiser state are kept,
-``state.skipped`` counts it and the step's metrics say ``skipped = 1``.
+``state.skipped`` counts it and the step's metrics say ``skipped = 1``. The optimiser runs
+inside a ``lax.cond`` on that check, so a normal step pays no extra pass over the state to
+select between new and old values; with one micro-batch the gradient is taken directly (no
+float32 accumulator). On SmolLM2-135M (8 x 91 tokens, donated state) the step is the loss
+gradient plus AdamW and nothing more measurable: 3.9 s, of which the gradient is 3.4-3.5 s.
 """
 
 from __future__ import annotations
@@ -175,22 +179,36 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             msum = {n: msum[n] + w * jnp.asarray(v, jnp.float32) for n, v in metrics.items()}
             return (gsum, lsum + loss, msum), None
 
-        g0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state.params)
-        _, m_shape = jax.eval_shape(micro, state.params, jax.tree.map(lambda x: x[0], mbs), keys[0])
-        m0 = {n: jnp.zeros((), jnp.float32) for n in m_shape}
-        (grads, loss, msum), _ = jax.lax.scan(body, (g0, jnp.zeros((), jnp.float32), m0), (mbs, keys))
-
+        if num_microbatches == 1:
+            # no accumulation loop: a zero-initialised float32 copy of the gradient and the
+            # adds into it are passes over every parameter (1.5 s of 5.5 s on SmolLM2-135M)
+            (loss, metrics), grads = grad_fn(state.params, batch, keys[0])
+            w = jax.lax.stop_gradient(metric_weight(batch)).astype(jnp.float32)
+            msum = {n: w * jnp.asarray(v, jnp.float32) for n, v in metrics.items()}
+        else:
+            g0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state.params)
+            _, m_shape = jax.eval_shape(micro, state.params, jax.tree.map(lambda x: x[0], mbs), keys[0])
+            m0 = {n: jnp.zeros((), jnp.float32) for n in m_shape}
+            (grads, loss, msum), _ = jax.lax.scan(body, (g0, jnp.zeros((), jnp.float32), m0), (mbs, keys))
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        ok = jnp.isfinite(loss) & _all_finite(grads) & _all_finite(new_params)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-        new_state = TrainState(keep(new_params, state.params), keep(new_opt, state.opt_state),
-                               state.step + ok.astype(jnp.int32), jax.random.key_data(key),
+
+        # Skip on a non-finite loss or gradient: the optimiser runs only in the taken branch, so a
+        # normal step costs no extra pass to select between the new and the old state.
+        ok = jnp.isfinite(loss) & _all_finite(grads)
+
+        def apply(_):
+            updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), new_opt, optax.tree.norm(updates)
+
+        def skip(_):
+            return state.params, state.opt_state, jnp.zeros((), jnp.float32)
+
+        new_params, new_opt, update_norm = jax.lax.cond(ok, apply, skip, None)
+        new_state = TrainState(new_params, new_opt, state.step + ok.astype(jnp.int32), jax.random.key_data(key),
                                state.skipped + (~ok).astype(jnp.int32))
         metrics = {n: safe_divide(v, metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
         metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads),
-                       update_norm=jnp.where(ok, optax.tree.norm(updates), 0.0),
+                       update_norm=update_norm.astype(jnp.float32),
                        skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
 
