@@ -6,7 +6,9 @@ Same shapes as ``grpo_step_vs_peers.py`` (1 prompt x 8 completions, 27 + 64 toke
 in interleaved rounds (this VM's timings drift by 30% over minutes, so A/B pairs must
 alternate):
 
-- ``step``: ``make_train_step`` (grad + optimiser + non-finite guard);
+- ``step``: ``make_train_step`` (grad + optimiser + non-finite guard), state donated and
+  threaded through as in a training loop; ``step_not_donated``: the same on a fixed state
+  (fresh output buffers every call);
 - ``fwd`` / ``grad``: the objective's loss and its gradient alone (layers in a ``lax.scan``);
 - ``fwd_unrolled`` / ``grad_unrolled``: a plain policy-gradient sum (same forward and backward
   work as GRPO's clipped loss) with the layers as an unrolled Python loop;
@@ -84,8 +86,16 @@ def main():
 
     state = init_train_state(params, opt, seed=0)
     grads = jax.jit(jax.grad(loss))(params)
+    donated = make_train_step(gd, opt, obj)
+    holder = [init_train_state(jax.tree.map(jnp.copy, params), opt, seed=0)]
+
+    def step_donated():  # as in a training loop: the state's buffers are updated in place
+        holder[0], m = donated(holder[0], batch)
+        return holder[0], m
+
     variants = {
-        "step": (make_train_step(gd, opt, obj, donate=False), (state, batch)),
+        "step": (step_donated, ()),
+        "step_not_donated": (make_train_step(gd, opt, obj, donate=False), (state, batch)),
         "fwd": (jax.jit(loss), (params,)),
         "grad": (jax.jit(jax.grad(loss)), (params,)),
         "fwd_unrolled": (jax.jit(loss_unrolled), (params,)),
