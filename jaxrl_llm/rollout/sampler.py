@@ -165,17 +165,34 @@ class Sampler:
     With ``mesh``, parameters must already carry their shardings (e.g. from
     :func:`jaxrl_llm.parallel.state_shardings`); the prompt batch is split over the data axes
     and activations and the KV cache follow the logical rules.
+
+    ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) unrolls when the model's
+    weights (``params`` and ``others``) take at most ``UNROLL_MAX_BYTES`` (128 MiB), and runs
+    the layer scan otherwise. Measured on this project's 2-core CPU (64 new tokens x 8 rows):
+    the 8.7M-parameter model decodes in 0.20 s unrolled vs 0.25 s scanned, SmolLM2-135M in
+    4.01 s unrolled vs 3.75 s scanned -- and after an unrolled SmolLM2 rollout the next train
+    step ran 0.3-0.7 s slower (its per-layer weight copies), after a scanned one it did not.
     """
+
+    UNROLL_MAX_BYTES = 128 * 2**20
 
     def __init__(self, graphdef: nnx.GraphDef, config: SamplingConfig, *,
                  length_buckets: Sequence[int] = (32, 64, 128, 256, 512, 1024, 2048),
-                 batch_buckets: Sequence[int] | None = None, mesh=None, unroll_layers: bool = True):
+                 batch_buckets: Sequence[int] | None = None, mesh=None, unroll_layers: bool | str = "auto"):
+        if unroll_layers not in (True, False, "auto"):
+            raise ValueError(f"Sampler: unroll_layers must be True, False or 'auto', got {unroll_layers!r}")
         self.graphdef, self.config, self.mesh = graphdef, config, mesh
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = None if batch_buckets is None else tuple(sorted(batch_buckets))
         self.compiled_shapes: set[tuple[int, int]] = set()
         self._fn = jax.jit(generate, static_argnums=(0, 5), static_argnames=("unroll_layers",))
         self.unroll_layers = unroll_layers
+
+    def _unroll(self, params: Any, *others: Any) -> bool:
+        if self.unroll_layers != "auto":
+            return bool(self.unroll_layers)
+        size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, others)) if hasattr(x, "dtype"))
+        return size <= self.UNROLL_MAX_BYTES
 
     def _rows(self, b: int) -> int:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)
@@ -187,7 +204,7 @@ class Sampler:
         self.compiled_shapes.add((rows, length))
         if self.mesh is None:
             out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
-                           unroll_layers=self.unroll_layers)
+                           unroll_layers=self._unroll(params, *others))
         else:
             from jaxrl_llm.parallel.sharding import logical_sharding
 
@@ -195,6 +212,6 @@ class Sampler:
             tokens, mask = jax.device_put(tokens, sh), jax.device_put(mask, sh)
             with jax.set_mesh(self.mesh):
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
-                               unroll_layers=self.unroll_layers)
+                               unroll_layers=self._unroll(params, *others))
         n = b * self.config.num_samples
         return Rollout(*(np.asarray(x)[:n] for x in jax.device_get(out)))

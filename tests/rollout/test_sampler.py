@@ -158,6 +158,21 @@ def test_unrolled_and_scanned_layers_sample_the_same_tokens():
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
 
 
+def test_auto_unroll_follows_the_weight_size():
+    model = tiny_model(vocab=263, seed=4)
+    gd, params = nnx.split(model)
+    cfg = SamplingConfig(max_new_tokens=4, num_samples=2)
+    s = Sampler(gd, cfg)
+    assert s.unroll_layers == "auto" and s._unroll(params) is True  # a few KB of weights
+    s.UNROLL_MAX_BYTES = 1000
+    assert s._unroll(params) is False
+    a = s(params, PROMPTS, jax.random.key(5))
+    b = Sampler(gd, cfg, unroll_layers=True)(params, PROMPTS, jax.random.key(5))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    with pytest.raises(ValueError, match="unroll_layers must be True, False or 'auto'"):
+        Sampler(gd, cfg, unroll_layers="yes")
+
+
 def test_buckets_bound_the_number_of_compilations():
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
