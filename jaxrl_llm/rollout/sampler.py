@@ -166,12 +166,16 @@ class Sampler:
     :func:`jaxrl_llm.parallel.state_shardings`); the prompt batch is split over the data axes
     and activations and the KV cache follow the logical rules.
 
-    ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) unrolls when the model's
-    weights (``params`` and ``others``) take at most ``UNROLL_MAX_BYTES`` (128 MiB), and runs
-    the layer scan otherwise. Measured on this project's 2-core CPU (64 new tokens x 8 rows):
-    the 8.7M-parameter model decodes in 0.20 s unrolled vs 0.25 s scanned, SmolLM2-135M in
-    4.01 s unrolled vs 3.75 s scanned -- and after an unrolled SmolLM2 rollout the next train
-    step ran 0.3-0.7 s slower (its per-layer weight copies), after a scanned one it did not.
+    ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) runs the layer scan for
+    float32 models of more than ``UNROLL_MAX_BYTES`` (128 MiB) of weights (``params`` and
+    ``others``) and unrolls everything else. Measured on this project's 2-core CPU, same runs,
+    8 rows: the 8.7M model, 27 + 64 tokens, 0.20 s unrolled vs 0.25 s scanned; float32
+    SmolLM2-135M 4.01 vs 3.75 s at 27 + 64 tokens and 8.3-8.5 vs 7.4-7.5 s at 64 + 128, and
+    after an unrolled SmolLM2 rollout the next train step ran 0.3-0.7 s slower (its per-layer
+    weight copies; not after a scanned one). SmolLM2 in bfloat16 decoded in 8.7 s scanned in
+    ``benchmarks/rollout_vs_hf.py`` (batch 8, 64 + 128) against 5.3 s unrolled in that
+    benchmark's earlier run, so 16-bit models stay unrolled. The rule is a heuristic from these
+    few points: pass ``True`` / ``False`` to choose.
     """
 
     UNROLL_MAX_BYTES = 128 * 2**20
@@ -191,8 +195,10 @@ class Sampler:
     def _unroll(self, params: Any, *others: Any) -> bool:
         if self.unroll_layers != "auto":
             return bool(self.unroll_layers)
-        size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, others)) if hasattr(x, "dtype"))
-        return size <= self.UNROLL_MAX_BYTES
+        leaves = [x for x in jax.tree.leaves((params, others)) if hasattr(x, "dtype")]
+        size = sum(x.size * x.dtype.itemsize for x in leaves)
+        all_f32 = all(x.dtype == jnp.float32 for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+        return size <= self.UNROLL_MAX_BYTES or not all_f32
 
     def _rows(self, b: int) -> int:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)

@@ -169,6 +169,8 @@ def test_auto_unroll_follows_the_weight_size():
     a = s(params, PROMPTS, jax.random.key(5))
     b = Sampler(gd, cfg, unroll_layers=True)(params, PROMPTS, jax.random.key(5))
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    assert s._unroll(bf16) is True  # 16-bit weights stay unrolled whatever their size
     with pytest.raises(ValueError, match="unroll_layers must be True, False or 'auto'"):
         Sampler(gd, cfg, unroll_layers="yes")
 
