@@ -145,3 +145,21 @@ def test_bad_microbatch_count():
         make_train_step(gd, opt, obj, num_microbatches=3, donate=False)(state, rl_batch())
     with pytest.raises(ValueError, match="agg_mode"):
         PolicyObjective(jl.ppo_clip_loss, agg_mode="mean")
+
+
+def test_bfloat16_params_step_keeps_dtypes_and_skips():
+    """The optimiser under lax.cond: both branches agree on dtypes with bfloat16 parameters
+    (and Adam moments), for a normal step and a skipped one."""
+    cfg = CFG.replace(param_dtype="bfloat16", dtype="bfloat16")
+    gd, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    opt = optax.adamw(1e-3)
+    state = init_train_state(params, opt, seed=0)
+    step = make_train_step(gd, opt, PolicyObjective(jl.ppo_clip_loss), donate=False)
+    good = rl_batch(6)
+    s1, m1 = step(state, good)
+    assert int(s1.step) == 1 and float(m1["skipped"]) == 0.0 and float(m1["update_norm"]) > 0
+    assert all(a.dtype == b.dtype for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(state)))
+    bad = dict(good, advantages=good["advantages"].at[0, -1].set(jnp.inf))
+    s2, m2 = step(s1, bad)
+    assert int(s2.skipped) == 1 and float(m2["update_norm"]) == 0.0
+    assert max_diff(s2.params, s1.params) == 0.0
