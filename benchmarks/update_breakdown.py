@@ -31,6 +31,21 @@ import time
 from pathlib import Path
 
 
+def grpo_batch(vocab_size: int, n: int = 8, length: int = 91, prompt: int = 27) -> dict:
+    """A fixed random GRPO batch (numpy): ``n`` rows of ``prompt`` prompt tokens + completion,
+    one advantage per row, old log-probs -5 on the completion tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    lm = np.zeros((n, length - 1), bool)
+    lm[:, prompt - 1:] = True
+    return dict(tokens=rng.integers(0, vocab_size, (n, length)).astype(np.int32),
+                mask=np.ones((n, length), bool), loss_mask=lm,
+                old_logp=np.where(lm, -5.0, 0.0).astype(np.float32),
+                advantages=np.where(lm, rng.standard_normal((n, 1)), 0.0).astype(np.float32),
+                ref_logp=np.zeros((n, length - 1), np.float32))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"))
@@ -41,7 +56,6 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import optax
     from flax import nnx
 
@@ -58,16 +72,8 @@ def main():
     gd, params = nnx.split(model)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
     obj = recipe("grpo", num_samples=8).objective
-    rng = np.random.default_rng(0)
-    n, length, prompt = 8, 91, 27
-    lm = np.zeros((n, length - 1), bool)
-    lm[:, prompt - 1:] = True
-    batch = jax.device_put(dict(
-        tokens=rng.integers(0, model.cfg.vocab_size, (n, length)).astype(np.int32),
-        mask=np.ones((n, length), bool), loss_mask=lm,
-        old_logp=np.where(lm, -5.0, 0.0).astype(np.float32),
-        advantages=np.where(lm, rng.standard_normal((n, 1)), 0.0).astype(np.float32),
-        ref_logp=np.zeros((n, length - 1), np.float32)))
+    n, length = 8, 91
+    batch = jax.device_put(grpo_batch(model.cfg.vocab_size, n, length))
     key = jax.random.key(0)
 
     def loss(p):

@@ -8,7 +8,8 @@ forms ``d loss / d logits`` in one elementwise pass (``onehot(target) - p`` for 
 ``-p (z - E_p[z])`` for the entropy), with no scatter for the gathered target. Peak logits
 memory is ``B * chunk * V * 4`` bytes in both passes (measured in
 ``benchmarks/logprobs_memory.py``); against autodiff of the same rematerialised chunk it cut
-the GRPO loss gradient of SmolLM2-135M from 4.3 s to 3.5 s on this CPU. First-order reverse
+the GRPO loss gradient of SmolLM2-135M from 4.1-4.4 s to 3.3-3.5 s on this CPU
+(``benchmarks/backward_ab.py``). First-order reverse
 mode only (no ``jax.jvp`` / forward-mode through it).
 """
 

@@ -150,8 +150,8 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     XLA:CPU: for a ``[B, T, K]`` input it lays out the weight gradient ``dW = x^T dy`` (a
     contraction over the batch and sequence axes) by transposing ``dy``, and fuses the layer's
     elementwise backward (SiLU, the gating product) into that transposing loop, which ran at a
-    fraction of memory speed. On SmolLM2-135M the gradient of the GRPO loss took 4.9 s with the
-    N-d form and 4.3 s with this one (``benchmarks/update_breakdown.py``-style A/B, interleaved).
+    fraction of memory speed. On SmolLM2-135M the gradient of the GRPO loss took 4.8-4.9 s with
+    the N-d form and 4.1-4.4 s with this one (``benchmarks/backward_ab.py``, interleaved).
     """
     k_shape, n_shape = w.shape[:n_in], w.shape[n_in:]
     if tuple(x.shape[x.ndim - n_in:]) != tuple(k_shape):

@@ -169,7 +169,7 @@ class Sampler:
     ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) runs the layer scan for
     float32 models of more than ``UNROLL_MAX_BYTES`` (128 MiB) of weights (``params`` and
     ``others``) and unrolls everything else. Measured on this project's 2-core CPU, same runs,
-    8 rows: the 8.7M model, 27 + 64 tokens, 0.20 s unrolled vs 0.25 s scanned; float32
+    8 rows (one-off A/B scripts, not kept in ``benchmarks/``): the 8.7M model, 27 + 64 tokens, 0.20 s unrolled vs 0.25 s scanned; float32
     SmolLM2-135M 4.01 vs 3.75 s at 27 + 64 tokens and 8.3-8.5 vs 7.4-7.5 s at 64 + 128, and
     after an unrolled SmolLM2 rollout the next train step ran 0.3-0.7 s slower (its per-layer
     weight copies; not after a scanned one). SmolLM2 in bfloat16 decoded in 8.7 s scanned in
