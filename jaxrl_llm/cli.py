@@ -3,6 +3,7 @@
     jaxrl-llm list                                   experiments, with the first line of their docstring
     jaxrl-llm train <experiment> [key=value ...] [--config f.yaml] [--print-config] [--dry-run]
     jaxrl-llm check [<experiment> ...]               resolve configs and run each experiment's check()
+    jaxrl-llm plan --model P --mesh D,F,T [...]      compile the step + sampler on abstract shapes; memory report
 
 An *experiment* is a Python file that defines ``main(cfg)`` and either a dataclass ``Config``
 (instantiated with its defaults) or a function ``config()`` returning one; it may define
@@ -313,7 +314,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         prog="jaxrl-llm", description="Run, list and check jaxrl_llm experiments.",
         epilog="An experiment is a .py file defining main(cfg) and a Config dataclass (or config()); "
                "see `python -m jaxrl_llm train -h`.")
-    sub = top.add_subparsers(dest="command", metavar="{train,list,check}")
+    sub = top.add_subparsers(dest="command", metavar="{train,list,check,plan}")
     p_list = sub.add_parser("list", help="list experiments with the first line of their docstring")
     p_train = sub.add_parser(
         "train", help="run an experiment with config overrides",
@@ -329,7 +330,80 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_check = sub.add_parser("check", help="resolve configs and run each experiment's check(cfg)")
     p_check.add_argument("experiments", nargs="*", metavar="experiment",
                          help="names or paths (default: every experiment found)")
-    return top, {"list": p_list, "train": p_train, "check": p_check}
+    p_plan = sub.add_parser(
+        "plan", help="compile the train step and sampler for a model, batch and mesh; report per-device memory",
+        description="Ahead-of-time plan (jaxrl_llm.plan): lower and compile the train step and the sampler on "
+                    "abstract shapes for a (data, fsdp, tensor) mesh and report per-device memory, FLOPs and a "
+                    "roofline step time for a chip. Without enough devices on a CPU host it re-runs itself on "
+                    "simulated CPU devices.")
+    p_plan.add_argument("--model", default="smollm2-135m", help="a jaxrl_llm.models.PRESETS name")
+    p_plan.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor (e.g. 8,8,1)")
+    p_plan.add_argument("--rows", type=int, default=8, help="global rows of one train step")
+    p_plan.add_argument("--seq-len", type=int, default=256, help="tokens per training row")
+    p_plan.add_argument("--microbatches", type=int, default=1)
+    p_plan.add_argument("--prompts", type=int, default=1, help="sampler prompts (0: skip the sampler)")
+    p_plan.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p_plan.add_argument("--prompt-len", type=int, default=64)
+    p_plan.add_argument("--new-tokens", type=int, default=192)
+    p_plan.add_argument("--param-dtype", default=None, help="override the preset's (float32, bfloat16, ...)")
+    p_plan.add_argument("--dtype", default=None, help="compute dtype override")
+    p_plan.add_argument("--remat", default=None, choices=("none", "full", "dots"))
+    p_plan.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
+    p_plan.add_argument("--chip", default=None, help="for the time estimate: " + ", ".join(_chips()))
+    p_plan.add_argument("--peak-tflops", type=float, default=None)
+    p_plan.add_argument("--hbm-gbs", type=float, default=None)
+    p_plan.add_argument("--hbm-gib", type=float, default=None)
+    p_plan.add_argument("--json", action="store_true", help="print the report as JSON instead of Markdown")
+    return top, {"list": p_list, "train": p_train, "check": p_check, "plan": p_plan}
+
+
+def _chips() -> list[str]:
+    from jaxrl_llm.plan import CHIPS
+
+    return list(CHIPS)
+
+
+PLAN_CHILD = "JAXRL_LLM_PLAN_SIMULATED"
+
+
+def cmd_plan(args) -> int:
+    try:
+        mesh = tuple(int(x) for x in args.mesh.split(","))
+    except ValueError:
+        return _usage_error(UsageError(f"--mesh must be three integers data,fsdp,tensor, got {args.mesh!r}"))
+    if len(mesh) != 3:
+        return _usage_error(UsageError(f"--mesh must be three integers data,fsdp,tensor, got {args.mesh!r}"))
+    from jaxrl_llm.plan import PlanSpec, check_spec, format_plan, plan
+
+    try:
+        spec = PlanSpec(model=args.model, mesh=mesh, rows=args.rows, seq_len=args.seq_len,
+                        num_microbatches=args.microbatches, prompts=args.prompts, num_samples=args.samples,
+                        prompt_len=args.prompt_len, new_tokens=args.new_tokens, param_dtype=args.param_dtype,
+                        dtype=args.dtype, remat=args.remat, optimizer=args.optimizer, chip=args.chip,
+                        peak_tflops=args.peak_tflops, hbm_gbs=args.hbm_gbs, hbm_gib=args.hbm_gib)
+        check_spec(spec)
+    except (ValueError, TypeError) as e:
+        return _usage_error(e)
+    n = 1
+    for x in mesh:
+        n *= x
+    import jax
+
+    if jax.device_count() < n:
+        if jax.default_backend() != "cpu" or os.environ.get(PLAN_CHILD):
+            return _usage_error(UsageError(f"--mesh {args.mesh} needs {n} devices, this host has "
+                                           f"{jax.device_count()} {jax.default_backend()} devices"))
+        import subprocess
+
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+        env = dict(os.environ, XLA_FLAGS=" ".join(flags + [f"--xla_force_host_platform_device_count={n}"]),
+                   JAX_PLATFORMS="cpu", **{PLAN_CHILD: "1"})
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's SPMD warnings on simulated devices
+        print(f"(planning on {n} simulated CPU devices)", file=sys.stderr, flush=True)
+        return subprocess.call([sys.executable, "-m", "jaxrl_llm", "plan", *args.argv], env=env)
+    report = plan(spec)
+    print(json.dumps(report, indent=1) if args.json else format_plan(report))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,11 +415,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         top.print_usage(sys.stderr)
         what = f"unknown command {argv[0]!r}" if argv else "a command is required"
-        print(f"jaxrl-llm: error: {what} (choose from train, list, check)", file=sys.stderr)
+        print(f"jaxrl-llm: error: {what} (choose from train, list, check, plan)", file=sys.stderr)
         return 2
     # intermixed: options may come before, between or after the key=value overrides
     args = subs[argv[0]].parse_intermixed_args(argv[1:])
-    return {"list": cmd_list, "train": cmd_train, "check": cmd_check}[argv[0]](args)
+    args.argv = argv[1:]  # `plan` re-runs itself with them on simulated devices
+    return {"list": cmd_list, "train": cmd_train, "check": cmd_check, "plan": cmd_plan}[argv[0]](args)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ __all__ = [
     "shard_state",
     "constrain",
     "logical_rules",
+    "init_sharded",
 ]
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -166,6 +167,23 @@ def shard_state(state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAU
     """``device_put`` every variable of ``state`` onto its logical sharding."""
     shardings = state_shardings(state, mesh, rules)
     return jax.device_put(state, shardings)
+
+
+def init_sharded(cfg: Any, mesh: Mesh, seed: int = 0, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> Any:
+    """A freshly initialised ``Transformer(cfg)`` whose variables are created directly in
+    their shards on ``mesh`` (one jitted initialiser with ``out_shardings``): no device ever
+    holds a whole unsharded copy, which is what lets a model larger than one device start.
+    Same values as ``Transformer(cfg, rngs=nnx.Rngs(seed))``."""
+    from flax import nnx
+
+    from jaxrl_llm.models import Transformer
+
+    def build():
+        return nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))[1]
+
+    gd, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
+    state = jax.jit(build, out_shardings=state_shardings(abstract, mesh, rules))()
+    return nnx.merge(gd, state)
 
 
 class logical_rules:  # noqa: N801 (used as a context manager)

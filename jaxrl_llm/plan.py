@@ -1,0 +1,325 @@
+"""Ahead-of-time planning: will a model, batch and mesh fit, and how long will a step take?
+
+:func:`plan` builds the model, the train state and the batches as *abstract* shapes (no
+weights are created), lowers and compiles the real jitted train step
+(:func:`jaxrl_llm.training.make_train_step`) and the real sampler
+(:func:`jaxrl_llm.rollout.generate`) for a ``(data, fsdp, tensor)`` mesh, and reports per
+device:
+
+- **params**, **optimiser state**, **batch**: summed from each array's shard shape under
+  the same logical sharding rules training uses;
+- **temporaries**: the compiler's memory analysis of the step (activations kept for the
+  backward pass, gradients, fusion buffers);
+- **peak** = arguments + outputs - donated (aliased) bytes + temporaries;
+- for the sampler: **KV cache** (from its shard shape) and the compiled program's peak;
+- **FLOPs** per device: ``6 x params x tokens`` plus causal attention (the compiler's cost
+  analysis is reported too, but it counts one trip of the layer scan), and an estimated time
+  on a chip (:data:`CHIPS`, or ``peak_tflops`` / ``hbm_gbs`` given): a roofline, the larger of
+  the FLOPs at the chip's peak and the state's memory traffic (parameters read forward and
+  backward, gradients written and read, the optimiser's read and write of parameters and
+  moments: ``6 x params + 2 x optimiser state`` bytes per device) at its HBM bandwidth.
+  Communication is not modelled, so it is a lower bound; the decode estimate streams the
+  per-device weights and KV cache once per generated token.
+
+The mesh needs that many devices. On a machine without them, ``jaxrl-llm plan`` re-runs
+itself on simulated CPU devices (``--xla_force_host_platform_device_count``), which is how
+the 64-device plans in ``docs/scaling.md`` are made on a 2-core CPU. The compile is XLA:CPU's:
+TPU and GPU compilers fuse differently, so temporaries there can differ (parameters,
+optimiser state, batch and KV cache are exact; they depend only on shapes and shardings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+__all__ = ["Chip", "CHIPS", "PlanSpec", "plan", "format_plan", "check_spec"]
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Per-chip peak numbers (dense bfloat16 matmul TFLOP/s, HBM GiB and GB/s), from vendor
+    data sheets."""
+
+    name: str
+    peak_tflops: float
+    hbm_gib: float
+    hbm_gbs: float
+
+
+CHIPS = {
+    "tpu-v4": Chip("tpu-v4", 275.0, 32.0, 1200.0),
+    "tpu-v5e": Chip("tpu-v5e", 197.0, 16.0, 819.0),
+    "tpu-v5p": Chip("tpu-v5p", 459.0, 95.0, 2765.0),
+    "tpu-v6e": Chip("tpu-v6e", 918.0, 32.0, 1640.0),
+    "a100-80gb": Chip("a100-80gb", 312.0, 80.0, 2039.0),
+    "h100-sxm": Chip("h100-sxm", 989.0, 80.0, 3350.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """What to plan.
+
+    Attributes:
+      model: a :data:`jaxrl_llm.models.PRESETS` name, or a ``ModelConfig``.
+      mesh: ``(data, fsdp, tensor)``.
+      rows: global rows of one train step (prompts x samples), split over data x fsdp.
+      seq_len: tokens per training row (prompt + completion).
+      num_microbatches: gradient-accumulation slices of the step.
+      prompts, num_samples, prompt_len, new_tokens: the sampler's batch (``prompts`` global
+        prompts, each sampled ``num_samples`` times) and lengths. ``prompts=0``: skip it.
+      param_dtype, dtype, remat: override the model's execution settings (``None``: keep).
+      optimizer: ``"adamw"`` (two moments like the parameters) or ``"sgd"`` (none).
+      chip: a :data:`CHIPS` name for the time estimate (``None``: no estimate) unless
+        ``peak_tflops`` and ``hbm_gbs`` are given.
+    """
+
+    model: Any = "smollm2-135m"
+    mesh: tuple[int, int, int] = (1, 1, 1)
+    rows: int = 8
+    seq_len: int = 256
+    num_microbatches: int = 1
+    prompts: int = 1
+    num_samples: int = 8
+    prompt_len: int = 64
+    new_tokens: int = 192
+    param_dtype: str | None = None
+    dtype: str | None = None
+    remat: str | None = None
+    optimizer: str = "adamw"
+    chip: str | None = None
+    peak_tflops: float | None = None
+    hbm_gbs: float | None = None
+    hbm_gib: float | None = None
+
+    def model_config(self):
+        from jaxrl_llm.models import ModelConfig, preset
+
+        cfg = self.model if isinstance(self.model, ModelConfig) else preset(str(self.model))
+        over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat") if getattr(self, k) is not None}
+        return cfg.replace(**over) if over else cfg
+
+    def chip_numbers(self) -> Chip | None:
+        if self.chip is not None and self.chip not in CHIPS:
+            raise ValueError(f"PlanSpec.chip: unknown chip {self.chip!r}; known: {', '.join(CHIPS)}")
+        base = CHIPS.get(self.chip) if self.chip else None
+        if base is None and (self.peak_tflops is None or self.hbm_gbs is None):
+            return None
+        return Chip(base.name if base else "custom", self.peak_tflops or base.peak_tflops,
+                    self.hbm_gib or (base.hbm_gib if base else float("nan")), self.hbm_gbs or base.hbm_gbs)
+
+
+def _shard_bytes(tree: Any, shardings: Any) -> int:
+    """Bytes of one device's shards of the arrays of ``tree`` under ``shardings`` (the
+    largest shard, i.e. what the busiest device holds)."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for x, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+        shape = sh.shard_shape(tuple(x.shape))
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def check_spec(spec: PlanSpec) -> None:
+    """Raise ``ValueError`` naming the field if ``spec`` cannot be planned (before any compile)."""
+    cfg = spec.model_config()
+    spec.chip_numbers()
+    d, f, t = spec.mesh
+    if min(spec.mesh) < 1:
+        raise ValueError(f"PlanSpec.mesh: every axis must be >= 1, got {spec.mesh}")
+    if spec.rows % (d * f):
+        raise ValueError(f"PlanSpec.rows={spec.rows} must be divisible by data*fsdp={d * f}")
+    if spec.rows % spec.num_microbatches or (spec.rows // spec.num_microbatches) % (d * f):
+        raise ValueError(f"PlanSpec.num_microbatches={spec.num_microbatches}: each micro-batch "
+                         f"({spec.rows}/{spec.num_microbatches} rows) must split over data*fsdp={d * f}")
+    if spec.optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"PlanSpec.optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
+    if spec.seq_len < 2:
+        raise ValueError(f"PlanSpec.seq_len must be >= 2, got {spec.seq_len}")
+    if spec.seq_len > cfg.max_position_embeddings or spec.prompt_len + spec.new_tokens > cfg.max_position_embeddings:
+        raise ValueError(f"PlanSpec: sequence lengths exceed the model's max_position_embeddings="
+                         f"{cfg.max_position_embeddings}")
+
+
+def _cost(compiled) -> dict:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0] if ca else {}
+    ca = ca or {}
+    return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0))}
+
+
+def _memory(compiled) -> dict:
+    ma = compiled.memory_analysis()
+    out = {k: int(getattr(ma, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp",
+                                                                  "generated_code")}
+    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
+def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) -> dict:
+    """Lower and compile the train step (and the sampler) for ``spec``; return the report
+    (a JSON-able dict, byte counts per device). ``devices``: the devices to build the mesh
+    on (default: the first ``prod(mesh)`` of ``jax.devices()``). With ``return_compiled``,
+    the compiled step and its abstract arguments are added under ``"_compiled"``."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxrl_llm.models import Transformer
+    from jaxrl_llm.models.transformer import init_cache
+    from jaxrl_llm.parallel import logical_sharding, make_mesh, state_shardings
+    from jaxrl_llm.rollout import SamplingConfig, generate
+    from jaxrl_llm.training import TrainState, make_train_step, recipe, train_state_shardings
+
+    check_spec(spec)
+    cfg = spec.model_config()
+    n_dev = math.prod(spec.mesh)
+    pool = list(jax.devices() if devices is None else devices)
+    if len(pool) < n_dev:
+        raise ValueError(f"mesh {spec.mesh} needs {n_dev} devices; {len(pool)} available "
+                         "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
+    mesh = make_mesh(spec.mesh, devices=pool[:n_dev])
+    t0 = time.perf_counter()
+
+    abstract_model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    gd, params = nnx.split(abstract_model)
+    opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
+    sds = jax.ShapeDtypeStruct
+    state = TrainState(params, jax.eval_shape(opt.init, params), sds((), jnp.int32), sds((2,), jnp.uint32),
+                       sds((), jnp.int32))
+    st_sh = train_state_shardings(opt, state, mesh)
+    rep = NamedSharding(mesh, PartitionSpec())
+    B, L = spec.rows, spec.seq_len
+    batch = {"tokens": sds((B, L), jnp.int32), "mask": sds((B, L), jnp.bool_),
+             "loss_mask": sds((B, L - 1), jnp.bool_), "old_logp": sds((B, L - 1), jnp.float32),
+             "advantages": sds((B, L - 1), jnp.float32)}
+    b_sh = {k: logical_sharding(("batch", None), mesh, shape=v.shape) for k, v in batch.items()}
+    objective = recipe("grpo", num_samples=max(spec.num_samples, 1)).objective
+    step = make_train_step(gd, opt, objective, num_microbatches=spec.num_microbatches, state_shardings=st_sh,
+                           batch_shardings=b_sh)
+    with jax.set_mesh(mesh):
+        lowered = step.lower(jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), state, st_sh),
+                             {k: sds(v.shape, v.dtype, sharding=b_sh[k]) for k, v in batch.items()})
+    t_lower = time.perf_counter() - t0
+    compiled = lowered.compile()
+    t_compile = time.perf_counter() - t0 - t_lower
+
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    train = {
+        "params": _shard_bytes(params, st_sh.params),
+        "opt_state": _shard_bytes(state.opt_state, st_sh.opt_state),
+        "batch": _shard_bytes(batch, b_sh),
+        **{f"compiled_{k}": v for k, v in _memory(compiled).items()},
+        **_cost(compiled),
+        "flops_6nd_per_device": 6.0 * n_params * B * L / n_dev,
+        # + causal attention (QK^T and AV, half the square), forward and backward
+        "flops_model_per_device": (6.0 * n_params * B * L + 3 * 2 * 2 * cfg.num_layers * B * L * L / 2
+                                   * cfg.num_heads * cfg.head_dim) / n_dev,
+        "lower_s": round(t_lower, 2), "compile_s": round(t_compile, 2),
+    }
+    report: dict[str, Any] = {
+        "model": spec.model if isinstance(spec.model, str) else "custom", "n_params": int(n_params),
+        "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat,
+        "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh)), "devices": n_dev,
+        "platform": pool[0].platform, "spec": {k: v for k, v in dataclasses.asdict(spec).items() if k != "model"},
+        "train_step": train,
+    }
+    if return_compiled:
+        report["_compiled"] = (compiled, st_sh, b_sh, mesh, gd, opt, objective)
+
+    if spec.prompts:
+        p_sh = state_shardings(params, mesh)
+        scfg = SamplingConfig(max_new_tokens=spec.new_tokens, num_samples=spec.num_samples, temperature=1.0,
+                              pad_token_id=0)
+        P = spec.prompt_len
+        tok_sh = logical_sharding(("batch", None), mesh, shape=(spec.prompts, P))
+        gen = jax.jit(generate, static_argnums=(0, 5), static_argnames=("unroll_layers",))
+        t1 = time.perf_counter()
+        with jax.set_mesh(mesh):
+            low = gen.lower(gd, jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), params, p_sh),
+                            sds((spec.prompts, P), jnp.int32, sharding=tok_sh),
+                            sds((spec.prompts, P), jnp.bool_, sharding=tok_sh),
+                            jax.eval_shape(lambda: jax.random.key(0)), scfg)
+        gcomp = low.compile()
+        if return_compiled:
+            report["_compiled_sampler"] = (gcomp, p_sh, tok_sh)
+        n = spec.prompts * spec.num_samples
+        cache = jax.eval_shape(lambda: init_cache(cfg, n, P + spec.new_tokens))
+        names_k = ("layers", "batch", "kv_heads", "head_dim", "cache_seq")
+        names_v = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+        kv = sum(_shard_bytes([c], [logical_sharding(nm, mesh, shape=c.shape)])
+                 for c, nm in ((cache.k, names_k), (cache.v, names_v)))
+        report["sampler"] = {
+            "params": _shard_bytes(params, p_sh), "kv_cache": kv, "rows": n,
+            **{f"compiled_{k}": v for k, v in _memory(gcomp).items()},
+            "compile_s": round(time.perf_counter() - t1, 2),
+        }
+
+    chip = spec.chip_numbers()
+    if chip is not None:
+        peak, bw = chip.peak_tflops * 1e12, chip.hbm_gbs * 1e9
+        est = {"chip": chip.name, "peak_tflops": chip.peak_tflops, "hbm_gbs": chip.hbm_gbs, "hbm_gib": chip.hbm_gib}
+        est["train_compute_s"] = train["flops_model_per_device"] / peak
+        est["train_memory_s"] = (6 * train["params"] + 2 * train["opt_state"]) / bw
+        est["train_step_s"] = max(est["train_compute_s"], est["train_memory_s"])
+        est["train_fits"] = bool(train["compiled_peak"] <= chip.hbm_gib * GiB)
+        if "sampler" in report:
+            s = report["sampler"]
+            rows_dev = s["rows"] / (spec.mesh[0] * spec.mesh[1])
+            per_token = max((s["params"] + s["kv_cache"]) / bw,
+                            2.0 * n_params / max(spec.mesh[1] * spec.mesh[2], 1) * rows_dev / peak)
+            prefill = 2.0 * n_params * spec.prompts * spec.prompt_len / n_dev / peak
+            est["rollout_s"] = prefill + spec.new_tokens * per_token
+            est["sampler_fits"] = bool(s["compiled_peak"] <= chip.hbm_gib * GiB)
+        report["estimate"] = est
+    return report
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+def format_plan(r: dict) -> str:
+    """A short Markdown report of :func:`plan`'s dict."""
+    t = r["train_step"]
+    m = r["mesh"]
+    lines = [f"### {r['model']} ({r['n_params'] / 1e9:.2f}B params, {r['param_dtype']} params, {r['dtype']} "
+             f"compute, remat={r['remat']}) on {r['devices']} devices, mesh data={m['data']} fsdp={m['fsdp']} "
+             f"tensor={m['tensor']}", ""]
+    sp = r["spec"]
+    lines += [f"Train step: {sp['rows']} rows x {sp['seq_len']} tokens, {sp['num_microbatches']} micro-batch(es), "
+              f"{sp['optimizer']}; compiled for {r['platform']} in {t['compile_s']:.0f} s.", "",
+              "| per device | GiB |", "|---|---|",
+              f"| params | {_gib(t['params'])} |", f"| optimiser state | {_gib(t['opt_state'])} |",
+              f"| batch | {_gib(t['batch'])} |", f"| temporaries (compiler) | {_gib(t['compiled_temp'])} |",
+              f"| **peak** (arguments + outputs - donated + temporaries) | **{_gib(t['compiled_peak'])}** |", "",
+              f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x params x tokens + "
+              f"attention; the compiler's count, {t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
+              ""]
+    if "sampler" in r:
+        s = r["sampler"]
+        lines += [f"Sampler: {sp['prompts']} prompts x {sp['num_samples']} samples, {sp['prompt_len']} + "
+                  f"{sp['new_tokens']} tokens.", "", "| per device | GiB |", "|---|---|",
+                  f"| params | {_gib(s['params'])} |", f"| KV cache | {_gib(s['kv_cache'])} |",
+                  f"| **peak** (compiler) | **{_gib(s['compiled_peak'])}** |", ""]
+    if "estimate" in r:
+        e = r["estimate"]
+        fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731
+        lines += [f"On {e['chip']} ({e['peak_tflops']:.0f} TFLOP/s, {e['hbm_gbs']:.0f} GB/s, {e['hbm_gib']:.0f} GiB "
+                  f"HBM), a roofline without communication: train step >= {e['train_step_s']:.3g} s "
+                  f"(compute {e['train_compute_s']:.3g} s, memory {e['train_memory_s']:.3g} s), "
+                  f"{fit(e['train_fits'])}"
+                  + (f"; rollout >= {e['rollout_s']:.3g} s, sampler {fit(e['sampler_fits'])}" if "rollout_s" in e
+                     else "") + ".", ""]
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""The AOT planner (`jaxrl-llm plan`): its per-device memory against what really runs on
+8 simulated CPU devices, the command's device simulation, and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("plan_worker.py")
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+
+
+def _worker(mesh: str, mode: str) -> dict:
+    proc = subprocess.run([sys.executable, str(WORKER), mesh, mode], capture_output=True, text=True, env=_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mesh", ["2,2,2", "1,1,8"])
+def test_planned_train_step_memory_matches_the_run(mesh):
+    r = _worker(mesh, "train")
+    assert abs(r["measured_state"] / r["planned_state"] - 1) < 0.05, r
+    assert abs(r["measured_peak"] / r["planned_peak"] - 1) < 0.15, r
+
+
+def test_planned_sampler_memory_against_the_run():
+    # Measured (one-off, this worker): the sampler's resident state matches within 1%; its peak
+    # ran 2% above the plan on one device and 11-22% above it on 8-device meshes (allocations
+    # outside the compiled program's buffer assignment that grow with rows x tokens; not
+    # explained yet), so the bound here is looser than the train step's.
+    r = _worker("2,2,2", "sampler")
+    assert abs(r["measured_state"] / r["planned_state"] - 1) < 0.05, r
+    assert 0.85 < r["measured_peak"] / r["planned_peak"] < 1.30, r
+
+
+def test_plan_command_simulates_the_mesh_and_reports():
+    cmd = [sys.executable, "-m", "jaxrl_llm", "plan", "--model", "tiny", "--mesh", "2,2,2", "--rows", "8",
+           "--seq-len", "32", "--prompts", "2", "--samples", "2", "--prompt-len", "8", "--new-tokens", "8",
+           "--chip", "tpu-v5e", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout)
+    assert r["devices"] == 8 and r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and r["platform"] == "cpu"
+    t = r["train_step"]
+    full = r["n_params"] * 4
+    assert 0 < t["params"] < full and t["opt_state"] == pytest.approx(2 * t["params"], rel=0.01)
+    assert t["compiled_peak"] >= t["params"] + t["opt_state"] and t["compiled_temp"] > 0
+    assert r["sampler"]["kv_cache"] > 0 and r["estimate"]["train_fits"] and r["estimate"]["train_step_s"] > 0
+    md = subprocess.run(cmd[:-1], capture_output=True, text=True, env=_env(), timeout=600)
+    assert md.returncode == 0 and "| **peak**" in md.stdout and "tpu-v5e" in md.stdout, md.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--mesh", "2,2"], "--mesh must be three integers"),
+    (["--mesh", "a,b,c"], "--mesh must be three integers"),
+    (["--model", "nope"], "unknown preset 'nope'"),
+    (["--chip", "tpu-v99"], "unknown chip 'tpu-v99'"),
+    (["--rows", "8", "--microbatches", "3"], "PlanSpec.num_microbatches=3"),
+    (["--seq-len", "100000"], "max_position_embeddings"),
+])
+def test_plan_command_errors(args, needle):
+    proc = subprocess.run([sys.executable, "-m", "jaxrl_llm", "plan", "--model", "tiny", "--prompts", "0", *args],
+                          capture_output=True, text=True, env=_env(), timeout=600)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
+
+
+def test_plan_spec_names_the_bad_field():
+    from jaxrl_llm.plan import PlanSpec, plan
+
+    with pytest.raises(ValueError, match=r"PlanSpec.rows=6 must be divisible by data\*fsdp=4"):
+        plan(PlanSpec(model="tiny", mesh=(2, 2, 1), rows=6))
+    with pytest.raises(ValueError, match="PlanSpec.num_microbatches=4"):
+        plan(PlanSpec(model="tiny", mesh=(2, 1, 1), rows=4, num_microbatches=4))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        plan(PlanSpec(model="tiny", seq_len=4096))
+    with pytest.raises(ValueError, match="needs 4 devices"):
+        plan(PlanSpec(model="tiny", mesh=(4, 1, 1), rows=4), devices=[object()])
