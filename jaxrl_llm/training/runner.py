@@ -484,6 +484,12 @@ def run_rl(cfg: RLRunConfig) -> dict:
         except ImportError:
             raise ImportError("run.plot=true needs matplotlib: pip install 'jaxrl_llm[plot]' (or set run.plot=false)")
     out = Path(cfg.run.out)
+    if jax.process_count() > 1:
+        raise NotImplementedError(
+            f"this runner does not run on several processes yet (jax.process_count()={jax.process_count()}): its "
+            "rollout, rewards and advantages use host-local arrays. One process with every local device (a "
+            "multi-GPU host, a single-host TPU VM) works with mesh.*; for several hosts, compose the train step "
+            "with jaxrl_llm.parallel.host_to_global as in docs/multi_host.md")
     host0 = jax.process_index() == 0
     out.mkdir(parents=True, exist_ok=True)
     from jaxrl_llm.config import to_dict

@@ -76,7 +76,7 @@ def _commit(tree: Any) -> Any:
                 sh if isinstance(sh, SingleDeviceSharding) else None)
             break
     if target is None:
-        target = SingleDeviceSharding(jax.devices()[0])
+        target = SingleDeviceSharding(jax.local_devices()[0])  # this process's (multi-host)
     return jax.tree.map(lambda x: jax.device_put(x, target)
                         if isinstance(x, jax.Array) and not x.committed else x, tree)
 
