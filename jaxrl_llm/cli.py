@@ -384,10 +384,11 @@ def cmd_plan(args) -> int:
         check_spec(spec)
     except (ValueError, TypeError) as e:
         return _usage_error(e)
-    n = 1
-    for x in mesh:
-        n *= x
+    import math
+
     import jax
+
+    n = math.prod(mesh)
 
     if jax.device_count() < n:
         if jax.default_backend() != "cpu" or os.environ.get(PLAN_CHILD):

@@ -173,7 +173,6 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     import jax.numpy as jnp
     import optax
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxrl_llm.models import Transformer
     from jaxrl_llm.models.transformer import init_cache
@@ -199,7 +198,6 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     state = TrainState(params, jax.eval_shape(opt.init, params), sds((), jnp.int32), sds((2,), jnp.uint32),
                        sds((), jnp.int32))
     st_sh = train_state_shardings(opt, state, mesh)
-    rep = NamedSharding(mesh, PartitionSpec())
     B, L = spec.rows, spec.seq_len
     batch = {"tokens": sds((B, L), jnp.int32), "mask": sds((B, L), jnp.bool_),
              "loss_mask": sds((B, L - 1), jnp.bool_), "old_logp": sds((B, L - 1), jnp.float32),

@@ -255,13 +255,11 @@ def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
         from jaxrl_llm.data.char_tokenizer import char_tokenizer
 
         tok = char_tokenizer()
-        model = Transformer(_tiny_config(spec, len(tok)), rngs=nnx.Rngs(seed))
-        if mesh is not None:
-            from jaxrl_llm.parallel import shard_state
+        if mesh is not None:  # created in its shards: no whole copy on one device
+            from jaxrl_llm.parallel import init_sharded
 
-            gd, st = nnx.split(model)
-            model = nnx.merge(gd, shard_state(st, mesh))
-        return model, tok
+            return init_sharded(_tiny_config(spec, len(tok)), mesh, seed), tok
+        return Transformer(_tiny_config(spec, len(tok)), rngs=nnx.Rngs(seed)), tok
     raise ValueError(f"model.source must be 'smollm2', 'tiny', 'hf:<dir>' or 'gguf:<file>', got {src!r}")
 
 

@@ -36,8 +36,8 @@ from jax.sharding import NamedSharding, PartitionSpec as PS  # noqa: E402
 
 import jaxrl_llm as jl  # noqa: E402
 from jaxrl_llm.models import Transformer, preset  # noqa: E402
-from jaxrl_llm.training import (Checkpointer, PolicyObjective, TrainState, init_train_state,  # noqa: E402
-                                make_train_step, train_state_shardings)
+from jaxrl_llm.training import (Checkpointer, PolicyObjective, init_train_state, make_train_step,  # noqa: E402
+                                train_state_shardings)
 
 CFG = preset("tiny", vocab_size=256, hidden_size=64, num_heads=8, num_kv_heads=8, head_dim=8, intermediate_size=128)
 B, L = 16, 12
