@@ -8,6 +8,9 @@ on simulated CPU devices holds every device's buffers: the state (params, optimi
 batch; or the sampler's params and prompts) put on the mesh, divided by the device count, against the planner's shard sums; and
 the peak while the step runs (sampled every 0.2 ms by a thread), divided by the device
 count, against the planner's peak (arguments + outputs - donated + temporaries).
+
+Run it with ``MALLOC_ARENA_MAX=1`` (the test does): with glibc's per-thread arenas the 8
+device threads keep memory XLA has freed, and the resident size overstates the program's.
 """
 
 import gc
