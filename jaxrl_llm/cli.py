@@ -253,6 +253,13 @@ def cmd_train(args) -> int:
     if args.print_config:
         sys.stdout.write(to_yaml(cfg))
         return 0
+    if args.multihost or os.environ.get("JAXRL_COORDINATOR"):
+        from jaxrl_llm.parallel import initialize
+
+        try:
+            initialize()  # before anything touches a JAX backend
+        except (ValueError, RuntimeError) as e:
+            return _usage_error(UsageError(f"--multihost: could not join the other processes: {e}"))
     print(f"jaxrl-llm: {exp.name} ({exp.path}) with {_describe_diff(cfg, exp.default)}", file=sys.stderr)
     if exp.check is not None:
         exp.check(cfg)
@@ -327,6 +334,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                          help="YAML file of config keys, merged before the overrides (repeatable)")
     p_train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p_train.add_argument("--dry-run", action="store_true", help="resolve the config, run check(cfg) and exit")
+    p_train.add_argument("--multihost", action="store_true",
+                         help="join the other processes first (jaxrl_llm.parallel.initialize: $JAXRL_COORDINATOR, "
+                              "$JAXRL_NUM_PROCESSES, $JAXRL_PROCESS_ID, or TPU-pod/SLURM auto-detection); "
+                              "implied when those variables are set")
     p_check = sub.add_parser("check", help="resolve configs and run each experiment's check(cfg)")
     p_check.add_argument("experiments", nargs="*", metavar="experiment",
                          help="names or paths (default: every experiment found)")

@@ -15,13 +15,14 @@ own shards), and only process 0 logs and writes side files (:func:`is_primary`).
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any
 
 import jax
 import numpy as np
 
 __all__ = ["initialize", "is_primary", "host_to_global", "replicated_to_global", "global_to_host", "gather",
-           "local_rows"]
+           "local_rows", "allgather_objects"]
 
 _ENV = ("JAXRL_COORDINATOR", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID")
 
@@ -33,8 +34,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     Arguments not given come from ``$JAXRL_COORDINATOR`` (``host:port`` of process 0),
     ``$JAXRL_NUM_PROCESSES`` and ``$JAXRL_PROCESS_ID``; with none of them, JAX's own
-    auto-detection runs (TPU pod slices, SLURM, Open MPI). A single process with nothing set
-    returns False without initialising. On CPU, cross-process collectives use gloo.
+    auto-detection runs (TPU pod slices, SLURM, Open MPI; it raises where there is nothing to
+    detect). ``num_processes=1`` returns False without initialising. On CPU, cross-process
+    collectives use gloo.
     """
     env = [os.environ.get(k) for k in _ENV]
     coordinator_address = coordinator_address or env[0]
@@ -124,10 +126,33 @@ def global_to_host(x: jax.Array) -> np.ndarray:
 
 
 def gather(tree: Any) -> Any:
-    """Every array of ``tree`` in full on every process, as numpy (a collective: all
-    processes must call it). For evaluation, export and tests; not for the hot loop."""
+    """Every (global) array of ``tree`` in full on every process, as numpy (a collective
+    when there are several processes: all must call it). The RL loop fetches rollouts and
+    log-probabilities this way (a batch of tokens is small next to the model); avoid it for
+    parameters except at export."""
     if jax.process_count() == 1:
         return jax.tree.map(np.asarray, jax.device_get(tree))
     from jax.experimental import multihost_utils
 
-    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+    def one(x):  # arrays held whole by this process (computed locally, or replicated) need no exchange
+        if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+            return np.asarray(jax.device_get(x))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(one, tree)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """``[obj of process 0, obj of process 1, ...]`` on every process, for small picklable
+    host values that differ per process (e.g. reward outputs of each host's rows). A
+    collective: every process must call it. One process: ``[obj]``."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[:data.size] = data
+    every = np.asarray(multihost_utils.process_allgather(buf))
+    return [pickle.loads(every[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]

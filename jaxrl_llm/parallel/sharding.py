@@ -169,8 +169,9 @@ def shard_state(state: Any, mesh: Mesh, rules: Iterable[tuple[str, Any]] = DEFAU
     return jax.device_put(state, shardings)
 
 
-def init_sharded(cfg: Any, mesh: Mesh, seed: int = 0, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> Any:
-    """A freshly initialised ``Transformer(cfg)`` whose variables are created directly in
+def init_sharded(cfg: Any, mesh: Mesh, seed: int = 0, rules: Iterable[tuple[str, Any]] = DEFAULT_RULES, *,
+                 head: str = "lm") -> Any:
+    """A freshly initialised ``Transformer(cfg, head=head)`` whose variables are created directly in
     their shards on ``mesh`` (one jitted initialiser with ``out_shardings``): no device ever
     holds a whole unsharded copy, which is what lets a model larger than one device start.
     The values of ``Transformer(cfg, rngs=nnx.Rngs(seed))`` up to float rounding: the
@@ -181,9 +182,9 @@ def init_sharded(cfg: Any, mesh: Mesh, seed: int = 0, rules: Iterable[tuple[str,
     from jaxrl_llm.models import Transformer
 
     def build():
-        return nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))[1]
+        return nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed), head=head))[1]
 
-    gd, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed))))
+    gd, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed), head=head)))
     state = jax.jit(build, out_shardings=state_shardings(abstract, mesh, rules))()
     return nnx.merge(gd, state)
 

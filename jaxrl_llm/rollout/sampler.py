@@ -164,7 +164,9 @@ class Sampler:
 
     With ``mesh``, parameters must already carry their shardings (e.g. from
     :func:`jaxrl_llm.parallel.state_shardings`); the prompt batch is split over the data axes
-    and activations and the KV cache follow the logical rules.
+    and activations and the KV cache follow the logical rules. With several processes every
+    process calls the sampler with the same prompts and key (it is one SPMD program over the
+    whole mesh) and gets every row back.
 
     ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) runs the layer scan for
     float32 models of more than ``UNROLL_MAX_BYTES`` (128 MiB) of weights (``params`` and
@@ -220,4 +222,6 @@ class Sampler:
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
                                unroll_layers=self._unroll(params, *others))
         n = b * self.config.num_samples
-        return Rollout(*(np.asarray(x)[:n] for x in jax.device_get(out)))
+        from jaxrl_llm.parallel.multihost import gather  # every process gets every row (multi-host)
+
+        return Rollout(*(x[:n] for x in gather(out)))

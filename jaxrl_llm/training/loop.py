@@ -35,8 +35,14 @@ token) or to batch-level statistics, so the update equals training on the ``k`` 
 alone. A mini-batch without any loss token is not run (a zero gradient would still move
 Adam's parameters through its momentum), so with ``k = 0`` the step makes no update.
 
-Limitation: with several hosts each host filters its own prompts, so hosts may need a
-different number of rounds; multi-host dynamic sampling needs a global decision (not yet).
+**Several processes** (multi-host; :func:`jaxrl_llm.parallel.initialize`). Every process
+runs this same loop on the same *global* batch: the same prompts (the data iterator is not
+split per host), the same keys, the sampler and train step as one SPMD program over the
+whole mesh, rollouts and log-probabilities fetched in full (:func:`~jaxrl_llm.parallel.gather`).
+Only the reward functions are split: each process scores a contiguous share of the groups
+and the outputs are exchanged, so scores, advantages, the dynamic-sampling decision and the
+metrics are identical on every host and equal to a one-process run's. The host-side arrays
+are a batch of tokens, small next to the model.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ import numpy as np
 
 import jaxrl_llm.core as core
 from jaxrl_llm.data.pipeline import repeat_columns
+from jaxrl_llm.parallel.multihost import allgather_objects, gather
+from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
 from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard
 from jaxrl_llm.training.objectives import PolicyObjective, policy_logprobs
@@ -206,12 +214,12 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ pieces
 
-    def _logp(self, params, others, tokens, mask):
+    def _logp(self, params, others, tokens, mask) -> np.ndarray:
         obj = self.recipe.objective
-        return _policy_logp(self.graphdef, obj.chunk_size, obj.temperature, params, others, tokens, mask)
+        return gather(_policy_logp(self.graphdef, obj.chunk_size, obj.temperature, params, others, tokens, mask))
 
-    def _values(self, params, others, tokens, mask):
-        return _critic_values(self.critic.graphdef, params, others, tokens, mask)
+    def _values(self, params, others, tokens, mask) -> np.ndarray:
+        return gather(_critic_values(self.critic.graphdef, params, others, tokens, mask))
 
     def _adv_fn(self, num_groups: int, names: tuple[str, ...]) -> Callable:
         """``inputs -> (advantages, returns, kl-in-reward)``, jitted; shared between trainers
@@ -243,13 +251,34 @@ class RLTrainer:
         """The sampling key of round ``round_index`` of a step (dynamic sampling)."""
         return rollout_key if round_index == 0 else jax.random.fold_in(rollout_key, round_index)
 
-    def _score(self, prompts, columns: dict, roll, g: int):
-        toks, cmask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+    def _score_groups(self, prompts, columns: dict, roll, g: int, lo: int, hi: int):
+        """Rewards of the rows of prompts ``lo:hi`` (whole groups)."""
+        rows = slice(lo * g, hi * g)
+        toks, cmask = np.asarray(roll.tokens)[rows], np.asarray(roll.mask)[rows].astype(bool)
         completions = [self.tokenizer.decode(toks[i][cmask[i]], skip_special_tokens=True) for i in range(len(toks))]
-        return self.rewards([p for p in prompts for _ in range(g)], completions,
+        return self.rewards([p for p in prompts[lo:hi] for _ in range(g)], completions,
                             completion_ids=[toks[i][cmask[i]].tolist() for i in range(len(toks))],
-                            completion_lengths=np.asarray(roll.lengths).tolist(),
-                            group_ids=np.asarray(roll.prompt_index).tolist(), **repeat_columns(columns, g))
+                            completion_lengths=np.asarray(roll.lengths)[rows].tolist(),
+                            group_ids=np.asarray(roll.prompt_index)[rows].tolist(),
+                            **repeat_columns({k: list(v)[lo:hi] for k, v in columns.items()}, g))
+
+    def _score(self, prompts, columns: dict, roll, g: int):
+        """Rewards of every row. With several processes each scores a contiguous share of
+        the groups (reward functions are the host-side cost that grows with the batch) and
+        the outputs are exchanged, so every process ends with the same scores."""
+        n_proc = jax.process_count()
+        if n_proc == 1:
+            return self._score_groups(prompts, columns, roll, g, 0, len(prompts))
+        bounds = np.linspace(0, len(prompts), n_proc + 1).round().astype(int)
+        lo, hi = bounds[jax.process_index()], bounds[jax.process_index() + 1]
+        mine = self._score_groups(prompts, columns, roll, g, lo, hi) if hi > lo else None
+        outs = [o for o in allgather_objects(mine) if o is not None]
+        if len(outs) == 1:
+            return outs[0]
+        return RewardOutput(total=np.concatenate([o.total for o in outs]),
+                            per_fn={k: np.concatenate([o.per_fn[k] for o in outs]) for k in outs[0].per_fn},
+                            failed={k: np.concatenate([o.failed[k] for o in outs]) for k in outs[0].failed},
+                            metrics=_merge_reward_metrics(outs))
 
     def _shape(self, total: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Scores after the recipe's shaping (DAPO's overlong penalty)."""

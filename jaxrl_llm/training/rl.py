@@ -125,25 +125,36 @@ class Critic:
 
     @classmethod
     def create(cls, cfg: Any, optimizer: Any, objective: ValueObjective, *, policy_params: Any = None,
-               seed: int = 0, **step_kwargs: Any) -> "Critic":
+               seed: int = 0, mesh: Any = None, **step_kwargs: Any) -> "Critic":
         """A critic with the policy's architecture ``cfg`` and a fresh one-output score head.
 
         ``policy_params``: copy the policy's backbone weights into it (the usual PPO
-        initialisation from the actor; ``None``: random weights). ``step_kwargs`` go to
-        :func:`~jaxrl_llm.training.make_train_step` (``num_microbatches``, shardings, ...).
+        initialisation from the actor; ``None``: random weights). ``mesh``: create the critic
+        in its shards there (parameters and optimiser state by the logical rules, like the
+        policy's) and give its train step those shardings. ``step_kwargs`` go to
+        :func:`~jaxrl_llm.training.make_train_step` (``num_microbatches``, ...).
         """
         from flax import nnx
 
         from jaxrl_llm.models import Transformer
-        from jaxrl_llm.training.step import init_train_state, make_train_step
+        from jaxrl_llm.training.step import init_train_state, make_train_step, train_state_shardings
 
         if cfg.num_labels != 1:
             cfg = dataclasses.replace(cfg, num_labels=1)
-        graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed), head="score"))
+        if mesh is None:
+            graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed), head="score"))
+        else:
+            from jaxrl_llm.parallel.sharding import init_sharded
+
+            graphdef, params = nnx.split(init_sharded(cfg, mesh, seed, head="score"))
         if policy_params is not None:
             params = critic_params_from_policy(policy_params, params)
-        return cls(graphdef, init_train_state(params, optimizer, seed=seed),
-                   make_train_step(graphdef, optimizer, objective, **step_kwargs))
+        state = init_train_state(params, optimizer, seed=seed)
+        if mesh is not None:
+            sh = train_state_shardings(optimizer, state, mesh)
+            state = jax.device_put(state, sh)
+            step_kwargs.setdefault("state_shardings", sh)
+        return cls(graphdef, state, make_train_step(graphdef, optimizer, objective, **step_kwargs))
 
 
 def critic_params_from_policy(policy_params: Any, critic_params: Any) -> Any:
@@ -158,9 +169,10 @@ def critic_params_from_policy(policy_params: Any, critic_params: Any) -> Any:
         if isinstance(dst, dict):
             return {k: merge(v, s.get(k) if isinstance(s, dict) else None) for k, v in dst.items()}
         if s is not None and np.shape(s) == np.shape(dst):
-            # a new buffer (through the host): the critic's train step donates its state, which
-            # must not delete the policy's arrays
-            return jnp.asarray(np.array(s, dtype=np.asarray(dst).dtype))
+            # a new buffer where ``dst`` lives (its sharding, on every process that holds a
+            # part): the critic's train step donates its state, which must not delete the
+            # policy's arrays
+            return jax.device_put(jnp.array(s, dtype=dst.dtype, copy=True), dst.sharding)
         return dst
 
     out = jax.tree.map(lambda x: x, critic_params)  # a copy: the caller's state is untouched

@@ -16,6 +16,13 @@ Outputs in ``run.out``: ``config.json``, ``metrics.jsonl`` and ``tb/`` (TensorBo
 model directory with LoRA merged; transformers loads it), ``reward_curve.png`` and
 ``summary.json``.
 
+Several processes (one per host): start the same command on every host after
+:func:`jaxrl_llm.parallel.initialize` (``jaxrl-llm train --multihost``, or the
+``$JAXRL_COORDINATOR`` / ``$JAXRL_NUM_PROCESSES`` / ``$JAXRL_PROCESS_ID`` variables); ``mesh.*``
+spans every device of every process. Each process holds the global batch and scores its share
+of it (:mod:`jaxrl_llm.training.loop`), process 0 writes the side files, and checkpoints are
+written collectively, so the run equals a one-process run on the same mesh.
+
 :func:`check_rl` validates a config without weights or data (model shapes from
 ``model.preset``, mesh divisibility, recipe, optimiser, sampling): how large TPU/GPU
 experiment files are checked here.
@@ -363,6 +370,12 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
 
         model_cfg = gguf_config(GGUFReader(str(smollm2_path())), dtype=m.dtype, param_dtype=m.param_dtype,
                                 remat=m.remat, lora=_lora(m))
+    elif m.source.startswith("hf:"):  # the config.json only; no weights are read
+        from jaxrl_llm.models.config import load_config
+
+        if not Path(m.source[3:]).is_dir():
+            raise ValueError(f"model.source: HF model directory {m.source[3:]} does not exist")
+        model_cfg = load_config(m.source[3:], dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, lora=_lora(m))
     else:
         raise ValueError("model.preset is needed to check a config whose weights are not loaded "
                          f"(model.source={m.source!r})")
@@ -413,7 +426,7 @@ def _sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_f
     data = sft_dataset(ListSource(sft_rows, "sft"), tok,
                        SFTDataConfig(batch_size=s.batch_size, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt,
                                      length_buckets=tuple(cfg.rollout.prompt_buckets), seed=cfg.run.seed),
-                       process_index=jax.process_index(), process_count=jax.process_count())
+                       process_index=0, process_count=1)  # the global batch on every host (loop docstring)
     t0, probes, done = time.perf_counter(), [], s.steps
     for i in range(s.steps):
         state, m = step(state, sft_arrays(next(data)), *frozen)
@@ -482,12 +495,6 @@ def run_rl(cfg: RLRunConfig) -> dict:
         except ImportError:
             raise ImportError("run.plot=true needs matplotlib: pip install 'jaxrl_llm[plot]' (or set run.plot=false)")
     out = Path(cfg.run.out)
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"this runner does not run on several processes yet (jax.process_count()={jax.process_count()}): its "
-            "rollout, rewards and advantages use host-local arrays. One process with every local device (a "
-            "multi-GPU host, a single-host TPU VM) works with mesh.*; for several hosts, compose the train step "
-            "with jaxrl_llm.parallel.host_to_global as in docs/multi_host.md")
     host0 = jax.process_index() == 0
     out.mkdir(parents=True, exist_ok=True)
     from jaxrl_llm.config import to_dict
@@ -563,7 +570,7 @@ def run_rl(cfg: RLRunConfig) -> dict:
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step, chat=cfg.data.chat,
                                            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed + 1,
                                            max_prompt_tokens=cfg.data.max_prompt_tokens),
-                          process_index=jax.process_index(), process_count=jax.process_count())
+                          process_index=0, process_count=1)  # the global batch on every host (loop docstring)
     sampler = Sampler(gd, _sampling(cfg, (stop,), pad), length_buckets=tuple(cfg.rollout.prompt_buckets), mesh=mesh)
 
     def log_fn(metrics: dict) -> None:
@@ -581,7 +588,7 @@ def run_rl(cfg: RLRunConfig) -> dict:
                                make_optimizer(cfg.recipe.critic_lr, cfg.run.steps, warmup_steps=o.warmup_steps,
                                               max_grad_norm=o.max_grad_norm),
                                rec.value_objective, policy_params=base, seed=cfg.run.seed,
-                               num_microbatches=o.num_microbatches)
+                               num_microbatches=o.num_microbatches, mesh=mesh)
     trainer = RLTrainer(gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, tok, seed=cfg.run.seed,
                         frozen=frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         checkpoint_every=cfg.run.checkpoint_every,
@@ -607,11 +614,16 @@ def run_rl(cfg: RLRunConfig) -> dict:
     summary["accuracy_change"] = summary["eval_after"]["eval/accuracy"] - start_acc
     summary["reward_first_5"] = float(np.mean([h["rewards/total/mean"] for h in history[:5]]))
     summary["reward_last_5"] = float(np.mean([h["rewards/total/mean"] for h in history[-5:]]))
+    if cfg.run.export_hf:
+        weights = (trainer.state.params, frozen_state)
+        if jax.process_count() > 1:  # every process takes part in fetching the shards
+            from jaxrl_llm.parallel import gather
+
+            weights = gather(weights)
+        if host0:
+            save_hf(nnx.merge(gd, *weights), out / "hf", tokenizer=tok if hasattr(tok, "save_pretrained") else None)
+        summary["hf_export"] = str(out / "hf")
     if host0:
-        if cfg.run.export_hf:
-            merged = nnx.merge(gd, trainer.state.params, frozen_state)
-            save_hf(merged, out / "hf", tokenizer=tok if hasattr(tok, "save_pretrained") else None)
-            summary["hf_export"] = str(out / "hf")
         if cfg.run.plot:
             _plot(history, out / "reward_curve.png", summary["eval_before"]["eval/accuracy"] if not cfg.sft.steps
                   else start_acc, summary["eval_after"]["eval/accuracy"])
