@@ -360,6 +360,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_plan.add_argument("--dtype", default=None, help="compute dtype override")
     p_plan.add_argument("--remat", default=None, choices=("none", "full", "dots"))
     p_plan.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
+    p_plan.add_argument("--reference", default="none", choices=("none", "device", "host"),
+                        help="a KL recipe's frozen reference policy: none, resident on the devices, or in host "
+                             "memory (model.offload_reference)")
     p_plan.add_argument("--chip", default=None, help="for the time estimate: " + ", ".join(_chips()))
     p_plan.add_argument("--peak-tflops", type=float, default=None)
     p_plan.add_argument("--hbm-gbs", type=float, default=None)
@@ -390,8 +393,8 @@ def cmd_plan(args) -> int:
         spec = PlanSpec(model=args.model, mesh=mesh, rows=args.rows, seq_len=args.seq_len,
                         num_microbatches=args.microbatches, prompts=args.prompts, num_samples=args.samples,
                         prompt_len=args.prompt_len, new_tokens=args.new_tokens, param_dtype=args.param_dtype,
-                        dtype=args.dtype, remat=args.remat, optimizer=args.optimizer, chip=args.chip,
-                        peak_tflops=args.peak_tflops, hbm_gbs=args.hbm_gbs, hbm_gib=args.hbm_gib)
+                        dtype=args.dtype, remat=args.remat, optimizer=args.optimizer, reference=args.reference,
+                        chip=args.chip, peak_tflops=args.peak_tflops, hbm_gbs=args.hbm_gbs, hbm_gib=args.hbm_gib)
         check_spec(spec)
     except (ValueError, TypeError) as e:
         return _usage_error(e)

@@ -75,6 +75,10 @@ class PlanSpec:
         prompts, each sampled ``num_samples`` times) and lengths. ``prompts=0``: skip it.
       param_dtype, dtype, remat: override the model's execution settings (``None``: keep).
       optimizer: ``"adamw"`` (two moments like the parameters) or ``"sgd"`` (none).
+      reference: the frozen reference policy of a KL recipe: ``"none"``, ``"device"`` (a
+        second copy of the parameters, sharded like them, resident in device memory through
+        the train step and the sampler) or ``"host"`` (``model.offload_reference``: in host
+        memory, moved in only for its log-prob pass).
       chip: a :data:`CHIPS` name for the time estimate (``None``: no estimate) unless
         ``peak_tflops`` and ``hbm_gbs`` are given.
     """
@@ -92,6 +96,7 @@ class PlanSpec:
     dtype: str | None = None
     remat: str | None = None
     optimizer: str = "adamw"
+    reference: str = "none"
     chip: str | None = None
     peak_tflops: float | None = None
     hbm_gbs: float | None = None
@@ -131,6 +136,8 @@ def check_spec(spec: PlanSpec) -> None:
     """Raise ``ValueError`` naming the field if ``spec`` cannot be planned (before any compile)."""
     cfg = spec.model_config()
     spec.chip_numbers()
+    if spec.reference not in ("none", "device", "host"):
+        raise ValueError(f"PlanSpec.reference must be 'none', 'device' or 'host', got {spec.reference!r}")
     d, f, t = spec.mesh
     if min(spec.mesh) < 1:
         raise ValueError(f"PlanSpec.mesh: every axis must be >= 1, got {spec.mesh}")
@@ -226,6 +233,10 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
                                    * cfg.num_heads * cfg.head_dim) / n_dev,
         "lower_s": round(t_lower, 2), "compile_s": round(t_compile, 2),
     }
+    ref = _shard_bytes(params, st_sh.params) if spec.reference != "none" else 0
+    train["reference"] = ref if spec.reference == "device" else 0  # device memory, beside the step's own
+    train["reference_host"] = ref if spec.reference == "host" else 0
+    train["peak_with_reference"] = train["compiled_peak"] + train["reference"]
     report: dict[str, Any] = {
         "model": spec.model if isinstance(spec.model, str) else "custom", "n_params": int(n_params),
         "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat,
@@ -263,6 +274,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
             **{f"compiled_{k}": v for k, v in _memory(gcomp).items()},
             "compile_s": round(time.perf_counter() - t1, 2),
         }
+        report["sampler"]["peak_with_reference"] = report["sampler"]["compiled_peak"] + train["reference"]
 
     chip = spec.chip_numbers()
     if chip is not None:
@@ -271,7 +283,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         est["train_compute_s"] = train["flops_model_per_device"] / peak
         est["train_memory_s"] = (6 * train["params"] + 2 * train["opt_state"]) / bw
         est["train_step_s"] = max(est["train_compute_s"], est["train_memory_s"])
-        est["train_fits"] = bool(train["compiled_peak"] <= chip.hbm_gib * GiB)
+        est["train_fits"] = bool(train["peak_with_reference"] <= chip.hbm_gib * GiB)
         if "sampler" in report:
             s = report["sampler"]
             rows_dev = s["rows"] / (spec.mesh[0] * spec.mesh[1])
@@ -279,7 +291,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
                             2.0 * n_params / max(spec.mesh[1] * spec.mesh[2], 1) * rows_dev / peak)
             prefill = 2.0 * n_params * spec.prompts * spec.prompt_len / n_dev / peak
             est["rollout_s"] = prefill + spec.new_tokens * per_token
-            est["sampler_fits"] = bool(s["compiled_peak"] <= chip.hbm_gib * GiB)
+            est["sampler_fits"] = bool(s["peak_with_reference"] <= chip.hbm_gib * GiB)
         report["estimate"] = est
     return report
 
@@ -301,7 +313,13 @@ def format_plan(r: dict) -> str:
               "| per device | GiB |", "|---|---|",
               f"| params | {_gib(t['params'])} |", f"| optimiser state | {_gib(t['opt_state'])} |",
               f"| batch | {_gib(t['batch'])} |", f"| temporaries (compiler) | {_gib(t['compiled_temp'])} |",
-              f"| **peak** (arguments + outputs - donated + temporaries) | **{_gib(t['compiled_peak'])}** |", "",
+              f"| **peak** (arguments + outputs - donated + temporaries) | **{_gib(t['compiled_peak'])}** |"]
+    if t.get("reference"):
+        lines += [f"| reference policy (device memory) | {_gib(t['reference'])} |",
+                  f"| **peak with the reference** | **{_gib(t['peak_with_reference'])}** |"]
+    elif t.get("reference_host"):
+        lines += [f"| reference policy in host memory (not in the peak) | {_gib(t['reference_host'])} |"]
+    lines += ["",
               f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x params x tokens + "
               f"attention; the compiler's count, {t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
               ""]
@@ -310,7 +328,10 @@ def format_plan(r: dict) -> str:
         lines += [f"Sampler: {sp['prompts']} prompts x {sp['num_samples']} samples, {sp['prompt_len']} + "
                   f"{sp['new_tokens']} tokens.", "", "| per device | GiB |", "|---|---|",
                   f"| params | {_gib(s['params'])} |", f"| KV cache | {_gib(s['kv_cache'])} |",
-                  f"| **peak** (compiler) | **{_gib(s['compiled_peak'])}** |", ""]
+                  f"| **peak** (compiler) | **{_gib(s['compiled_peak'])}** |"]
+        if s.get("peak_with_reference", 0) > s["compiled_peak"]:
+            lines += [f"| **peak with the reference** | **{_gib(s['peak_with_reference'])}** |"]
+        lines += [""]
     if "estimate" in r:
         e = r["estimate"]
         fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731

@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 __all__ = [
     "MESH_AXES",
     "DEFAULT_RULES",
+    "SAMPLER_RULES",
     "make_mesh",
     "logical_to_spec",
     "logical_sharding",
@@ -38,6 +39,9 @@ __all__ = [
     "constrain",
     "logical_rules",
     "init_sharded",
+    "to_host_memory",
+    "in_host_memory",
+    "device_memory_bytes",
 ]
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -67,6 +71,11 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),
 )
+
+# for the sampler's copy of the weights: like DEFAULT_RULES but not split over fsdp (sharded
+# over tensor only). Decoding with FSDP-split weights all-gathers every layer at every token;
+# resharding once per rollout (Sampler(param_rules=SAMPLER_RULES)) gathers them once.
+SAMPLER_RULES: tuple[tuple[str, Any], ...] = tuple((k, None if k == "embed" else v) for k, v in DEFAULT_RULES)
 
 _ACTIVE_RULES: list[tuple[tuple[str, Any], ...]] = [DEFAULT_RULES]
 
@@ -187,6 +196,42 @@ def init_sharded(cfg: Any, mesh: Mesh, seed: int = 0, rules: Iterable[tuple[str,
     gd, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed), head=head)))
     state = jax.jit(build, out_shardings=state_shardings(abstract, mesh, rules))()
     return nnx.merge(gd, state)
+
+
+def to_host_memory(tree: Any) -> Any:
+    """A copy of ``tree``'s arrays in pinned host memory, each keeping its sharding (the
+    same layout over the same devices, in the hosts' RAM instead of HBM). A jitted function
+    takes them as arguments and moves them in with ``jax.device_put(x, jax.memory.Space.Device)``
+    when it runs: device memory then holds them only during that call. Used to keep a frozen
+    reference policy off the accelerators between its log-prob passes."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("pinned_host")), tree)
+
+
+def in_host_memory(tree: Any) -> bool:
+    """Whether the arrays of ``tree`` live in host memory (:func:`to_host_memory`); raises
+    if some do and some do not."""
+    kinds = {getattr(x.sharding, "memory_kind", None) in ("pinned_host", "unpinned_host")
+             for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)}
+    if len(kinds) > 1:
+        raise ValueError("in_host_memory: the tree mixes arrays in host and in device memory")
+    return kinds == {True}
+
+
+def device_memory_bytes() -> int:
+    """Bytes of this process's live arrays in device memory (not host memory), summed over
+    its devices: what the arrays alone occupy in HBM. Buffers seen through several arrays
+    (a shard's ``.data`` view and its global array) count once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for x in jax.live_arrays():
+        if getattr(x.sharding, "memory_kind", "device") in ("pinned_host", "unpinned_host"):
+            continue
+        for s in x.addressable_shards:
+            key = (s.device.id, s.data.unsafe_buffer_pointer())
+            if key not in seen:
+                seen.add(key)
+                total += s.data.nbytes
+    return total
 
 
 class logical_rules:  # noqa: N801 (used as a context manager)

@@ -168,6 +168,13 @@ class Sampler:
     process calls the sampler with the same prompts and key (it is one SPMD program over the
     whole mesh) and gets every row back.
 
+    ``param_rules`` (with a mesh): the sampler's own layout of the weights, e.g.
+    :data:`jaxrl_llm.parallel.SAMPLER_RULES` (split over ``tensor`` only). Each call then
+    reshards the trainer's weights into it (``jax.device_put`` between the two shardings:
+    each device receives only the pieces its new shard lacks, never a whole copy per
+    device unless the layout is replicated) and frees that copy when it returns. Trades one
+    gather per rollout and a weights copy for the per-token FSDP all-gathers of decoding.
+
     ``unroll_layers`` (see :func:`generate`): ``"auto"`` (default) runs the layer scan for
     float32 models of more than ``UNROLL_MAX_BYTES`` (128 MiB) of weights (``params`` and
     ``others``) and unrolls everything else. Measured on this project's 2-core CPU, same runs,
@@ -184,10 +191,14 @@ class Sampler:
 
     def __init__(self, graphdef: nnx.GraphDef, config: SamplingConfig, *,
                  length_buckets: Sequence[int] = (32, 64, 128, 256, 512, 1024, 2048),
-                 batch_buckets: Sequence[int] | None = None, mesh=None, unroll_layers: bool | str = "auto"):
+                 batch_buckets: Sequence[int] | None = None, mesh=None, unroll_layers: bool | str = "auto",
+                 param_rules: Sequence | None = None):
         if unroll_layers not in (True, False, "auto"):
             raise ValueError(f"Sampler: unroll_layers must be True, False or 'auto', got {unroll_layers!r}")
+        if param_rules is not None and mesh is None:
+            raise ValueError("Sampler: param_rules (a sampler layout of the weights) needs a mesh")
         self.graphdef, self.config, self.mesh = graphdef, config, mesh
+        self.param_rules = None if param_rules is None else tuple(param_rules)
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = None if batch_buckets is None else tuple(sorted(batch_buckets))
         self.compiled_shapes: set[tuple[int, int]] = set()
@@ -218,6 +229,11 @@ class Sampler:
 
             sh = logical_sharding(("batch", None), self.mesh, shape=tokens.shape)
             tokens, mask = jax.device_put(tokens, sh), jax.device_put(mask, sh)
+            if self.param_rules is not None:  # the sampler's own layout, for this call only
+                from jaxrl_llm.parallel.sharding import state_shardings
+
+                params, others = jax.device_put((params, others), state_shardings((params, others), self.mesh,
+                                                                                  self.param_rules))
             with jax.set_mesh(self.mesh):
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
                                unroll_layers=self._unroll(params, *others))

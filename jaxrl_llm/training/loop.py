@@ -61,6 +61,7 @@ import numpy as np
 import jaxrl_llm.core as core
 from jaxrl_llm.data.pipeline import repeat_columns
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
+from jaxrl_llm.parallel.sharding import in_host_memory
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
 from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard
@@ -76,9 +77,12 @@ CRITIC_KEYS = ("tokens", "mask", "loss_mask", "old_values", "returns")
 
 # module-level jits (static graph): a second trainer in the same process (a restart, a test)
 # reuses their compilations
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _policy_logp(graphdef, chunk_size, temperature, params, others, tokens, mask):
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _policy_logp(graphdef, chunk_size, temperature, from_host, params, others, tokens, mask):
     from flax import nnx
+
+    if from_host:  # a reference policy kept in host memory (model.offload_reference): HBM only for this pass
+        params = jax.device_put(params, jax.memory.Space.Device)
 
     logp, _ = policy_logprobs(nnx.merge(graphdef, params, *others), {"tokens": tokens, "mask": mask},
                               chunk_size=chunk_size, temperature=temperature)
@@ -153,7 +157,8 @@ class RLTrainer:
       seed: the run's seed (rollout keys derive from it, the iteration and the round).
       frozen: further state parts for ``nnx.merge`` (e.g. frozen base weights under LoRA).
       ref_params: reference policy params for a KL term (``recipe.objective.kl_coef > 0`` or
-        ``recipe.kl_in_reward_coef > 0``).
+        ``recipe.kl_in_reward_coef > 0``); they may live in host memory
+        (:func:`jaxrl_llm.parallel.to_host_memory`): each reference pass then moves them in.
       critic: a :class:`~jaxrl_llm.training.Critic` (required by ``advantage_type="critic"``
         recipes, e.g. PPO); its state is updated in place and checkpointed with the policy.
       baseline_sampler: the greedy sampler of ``advantage_type="greedy_baseline"`` recipes
@@ -216,7 +221,8 @@ class RLTrainer:
 
     def _logp(self, params, others, tokens, mask) -> np.ndarray:
         obj = self.recipe.objective
-        return gather(_policy_logp(self.graphdef, obj.chunk_size, obj.temperature, params, others, tokens, mask))
+        return gather(_policy_logp(self.graphdef, obj.chunk_size, obj.temperature, in_host_memory(params), params,
+                                   others, tokens, mask))
 
     def _values(self, params, others, tokens, mask) -> np.ndarray:
         return gather(_critic_values(self.critic.graphdef, params, others, tokens, mask))

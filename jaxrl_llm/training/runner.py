@@ -60,7 +60,11 @@ class ModelSpec:
     tokenizer, for tests and the tiny preset). ``preset``: a
     :data:`jaxrl_llm.models.PRESETS` name giving the shapes when the weights are not on this
     machine (used by :func:`check_rl`). ``lora_rank > 0`` trains LoRA adapters only
-    (``lora_alpha = 0`` means ``2 * rank``).
+    (``lora_alpha = 0`` means ``2 * rank``). ``offload_reference``: keep the frozen reference
+    policy of a KL recipe in host memory (same sharding) and move it to the devices only for
+    its log-prob pass, saving its size in device memory between passes at the price of one
+    host-to-device copy per step (no effect without a reference; with LoRA the reference is
+    the adapters only).
     """
 
     source: str = "smollm2"
@@ -73,6 +77,7 @@ class ModelSpec:
     lora_targets: tuple[str, ...] = ALL_LORA_TARGETS
     hidden_size: int = 64
     num_layers: int = 2
+    offload_reference: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +107,19 @@ class DataSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSpec:
+    """Sampling. ``sampler_weights``: the layout of the weights the sampler decodes with on a
+    mesh -- ``"train"`` (the trainer's: FSDP-split weights are all-gathered layer by layer at
+    every decoded token) or ``"tensor"`` (resharded once per rollout into a copy split over
+    ``tensor`` only, :data:`jaxrl_llm.parallel.SAMPLER_RULES`; costs that copy's memory while
+    sampling)."""
+
     prompts_per_step: int = 8
     num_samples: int = 8
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256)
+    sampler_weights: str = "train"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +341,8 @@ def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
 
 def _check_mesh(cfg: RLRunConfig, model_cfg, n_devices: int) -> None:
     m = cfg.mesh
+    if cfg.rollout.sampler_weights not in ("train", "tensor"):
+        raise ValueError(f"rollout.sampler_weights must be 'train' or 'tensor', got {cfg.rollout.sampler_weights!r}")
     n = m.data * m.fsdp * m.tensor
     if n != n_devices:
         raise ValueError(f"mesh: data*fsdp*tensor = {m.data}*{m.fsdp}*{m.tensor} = {n} must equal the number of "
@@ -564,14 +578,25 @@ def run_rl(cfg: RLRunConfig) -> dict:
         st_sh = train_state_shardings(opt, state, mesh)
         state = jax.device_put(state, st_sh)
         shard_kw = dict(state_shardings=st_sh, frozen_shardings=(state_shardings(frozen_state, mesh),))
-    ref_params = jax.tree.map(lambda x: x.copy(), params) if (rec.objective.kl_coef or rec.kl_in_reward_coef) else None
+    ref_params = None
+    if rec.objective.kl_coef or rec.kl_in_reward_coef:
+        if cfg.model.offload_reference:
+            from jaxrl_llm.parallel import to_host_memory
+
+            ref_params = to_host_memory(params)
+        else:
+            ref_params = jax.tree.map(lambda x: x.copy(), params)
     train_step = make_train_step(gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step, chat=cfg.data.chat,
                                            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed + 1,
                                            max_prompt_tokens=cfg.data.max_prompt_tokens),
                           process_index=0, process_count=1)  # the global batch on every host (loop docstring)
-    sampler = Sampler(gd, _sampling(cfg, (stop,), pad), length_buckets=tuple(cfg.rollout.prompt_buckets), mesh=mesh)
+    sampler_rules = None
+    if mesh is not None and cfg.rollout.sampler_weights == "tensor":
+        from jaxrl_llm.parallel import SAMPLER_RULES as sampler_rules
+    sampler = Sampler(gd, _sampling(cfg, (stop,), pad), length_buckets=tuple(cfg.rollout.prompt_buckets), mesh=mesh,
+                      param_rules=sampler_rules)
 
     def log_fn(metrics: dict) -> None:
         tel(metrics)

@@ -50,7 +50,7 @@ def test_planned_sampler_memory_matches_the_run(mesh):
 def test_plan_command_simulates_the_mesh_and_reports():
     cmd = [sys.executable, "-m", "jaxrl_llm", "plan", "--model", "tiny", "--mesh", "2,2,2", "--rows", "8",
            "--seq-len", "32", "--prompts", "2", "--samples", "2", "--prompt-len", "8", "--new-tokens", "8",
-           "--chip", "tpu-v5e", "--json"]
+           "--chip", "tpu-v5e", "--reference", "device", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout)
@@ -59,6 +59,9 @@ def test_plan_command_simulates_the_mesh_and_reports():
     full = r["n_params"] * 4
     assert 0 < t["params"] < full and t["opt_state"] == pytest.approx(2 * t["params"], rel=0.01)
     assert t["compiled_peak"] >= t["params"] + t["opt_state"] and t["compiled_temp"] > 0
+    # a KL recipe's reference policy: a second copy of the parameters in device memory
+    assert t["reference"] == t["params"] and t["peak_with_reference"] == t["compiled_peak"] + t["params"]
+    assert r["sampler"]["peak_with_reference"] == r["sampler"]["compiled_peak"] + t["params"]
     assert r["sampler"]["kv_cache"] > 0 and r["estimate"]["train_fits"] and r["estimate"]["train_step_s"] > 0
     md = subprocess.run(cmd[:-1], capture_output=True, text=True, env=_env(), timeout=600)
     assert md.returncode == 0 and "| **peak**" in md.stdout and "tpu-v5e" in md.stdout, md.stderr[-2000:]
@@ -87,5 +90,7 @@ def test_plan_spec_names_the_bad_field():
         plan(PlanSpec(model="tiny", mesh=(2, 1, 1), rows=4, num_microbatches=4))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         plan(PlanSpec(model="tiny", seq_len=4096))
+    with pytest.raises(ValueError, match="PlanSpec.reference must be 'none', 'device' or 'host', got 'gpu'"):
+        plan(PlanSpec(model="tiny", reference="gpu"))
     with pytest.raises(ValueError, match="needs 4 devices"):
         plan(PlanSpec(model="tiny", mesh=(4, 1, 1), rows=4), devices=[object()])

@@ -62,6 +62,10 @@ def test_check_catches_bad_configs():
         check_rl(dataclasses.replace(cfg, mesh=MeshSpec(data=2)), n_devices=1)
     with pytest.raises(ValueError, match="optim.num_microbatches"):
         check_rl(dataclasses.replace(cfg, optim=OptimSpec(num_microbatches=3)))
+    with pytest.raises(ValueError, match="rollout.sampler_weights must be 'train' or 'tensor', got 'fsdp'"):
+        check_rl(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, sampler_weights="fsdp")))
+    with pytest.raises(ValueError, match="HF model directory /nonexistent does not exist"):
+        check_rl(dataclasses.replace(cfg, model=ModelSpec(source="hf:/nonexistent")))
     with pytest.raises(ValueError, match="model.preset"):
         check_rl(dataclasses.replace(cfg, model=ModelSpec(source="hf:/nonexistent", preset="nope")))
     with pytest.raises(ValueError, match="unknown recipe"):
