@@ -182,6 +182,30 @@ def test_critic_create_copies_the_backbone_into_new_buffers():
         assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer()  # the critic's step donates its own buffers
 
 
+def test_critic_create_on_a_mesh_is_built_in_its_shards():
+    from jax.sharding import NamedSharding
+
+    from jaxrl_llm.parallel import make_mesh
+
+    gd, params = init()
+    params = commit(params)
+    eager = Critic.create(CFG, optax.adam(1e-3), ValueObjective(), policy_params=params, seed=1)
+    c = Critic.create(CFG, optax.adam(1e-3), ValueObjective(), policy_params=params, seed=1, mesh=make_mesh((1, 1, 1)))
+    assert all(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(c.state))
+    pol, cri, ref = (nnx.to_pure_dict(p) for p in (params, c.state.params, eager.state.params))
+    for a, b in zip(jax.tree.leaves(pol["blocks"]) + [pol["embed"]], jax.tree.leaves(cri["blocks"]) + [cri["embed"]]):
+        np.testing.assert_array_equal(a, b)
+        assert a.unsafe_buffer_pointer() != b.unsafe_buffer_pointer()
+    # the fresh score head: the jitted sharded initialiser equals the eager one up to rounding
+    np.testing.assert_allclose(cri["score"]["kernel"], ref["score"]["kernel"], atol=1e-7)
+    n, length = 2, 6
+    batch = {"tokens": np.ones((n, length), np.int32), "mask": np.ones((n, length), bool),
+             "loss_mask": np.ones((n, length - 1), bool), "old_values": np.zeros((n, length - 1), np.float32),
+             "returns": np.ones((n, length - 1), np.float32)}
+    state, m = c.train_step(c.state, batch)
+    assert int(state.step) == 1 and np.isfinite(float(m["loss"]))
+
+
 def test_value_objective_is_exact_over_row_splits():
     """The critic's (sum, weight) pair is additive over rows, so the train step's micro-batches
     (exact global normalisation) see the same loss; the loss is verl's clipped value loss."""
