@@ -148,7 +148,10 @@ class Episodes:
     turn: ``info["agent_id"]``, 0 by default), ``tool_calls`` / ``tool_errors`` (summed from the
     steps' ``info``), ``answers`` (the environment's ``reset`` ``info["answer"]``: the gold final
     answer as text, when it gives one), ``boundaries`` (per turn: the length of ``tokens`` after
-    the turn's observation, i.e. the context the next turn starts from).
+    the turn's observation, i.e. the context the next turn starts from), ``grounded`` (per turn:
+    the environment executed the action -- ``info["grounded"]`` when it says, else neither
+    ``info["invalid"]`` (unparsable) nor ``info["blocked"]`` (no effect, "nothing happens");
+    False for a step that failed: SPA-RL's grounding signal).
     """
 
     seeds: list[int]
@@ -174,6 +177,7 @@ class Episodes:
     agent_ids: list[list[int]]
     answers: list[str | None]
     boundaries: list[list[int]]
+    grounded: list[list[bool]]
 
     @property
     def group_ids(self) -> np.ndarray:
@@ -202,7 +206,8 @@ class Episodes:
                 "episodes/context_truncated": float(sum(self.context_truncated)),
                 "episodes/turn_limit_truncated": float(sum(self.truncated)),
                 "episodes/tool_calls_per_episode": float(sum(self.tool_calls) / max(n, 1)),
-                "episodes/tool_errors": float(sum(self.tool_errors))}
+                "episodes/tool_errors": float(sum(self.tool_errors)),
+                "episodes/grounded_rate": float(sum(map(sum, self.grounded)) / max(int(turns.sum()), 1))}
 
     def transcript(self, i: int) -> list[dict]:
         """Episode ``i`` as messages: the first observation, then action / observation pairs."""
@@ -263,6 +268,8 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
                     continue
                 info = o.info or {}
                 rec.agent_ids[i].append(int(info.get("agent_id", 0)) if o.error is None else 0)
+                rec.grounded[i].append(o.error is None and bool(info.get(
+                    "grounded", not (info.get("invalid") or info.get("blocked")))))
                 rec.tool_calls[i] += int(info.get("tool_calls", 0))
                 rec.tool_errors[i] += int(info.get("tool_errors", 0))
                 if not o.done:
@@ -293,7 +300,7 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
             actions=rec.actions, observations=rec.observations, stopped=rec.stopped, error=list(eb.errors),
             success=list(eb.success), terminated=list(eb.terminated), truncated=list(eb.truncated),
             context_truncated=rec.context_truncated, tool_calls=rec.tool_calls, tool_errors=rec.tool_errors,
-            agent_ids=rec.agent_ids, answers=answers, boundaries=rec.boundaries)
+            agent_ids=rec.agent_ids, answers=answers, boundaries=rec.boundaries, grounded=rec.grounded)
 
 
 def _reset_mismatch(spec: EnvSpec, group: int, i: int, seed: int):
@@ -317,6 +324,7 @@ class _Recorder:
         self.tool_errors = [0] * n
         self.agent_ids: list[list[int]] = [[] for _ in range(n)]
         self.boundaries: list[list[int]] = [[] for _ in range(n)]
+        self.grounded: list[list[bool]] = [[] for _ in range(n)]
 
     def add_turn(self, i: int, ids: list[int], lps: list[float], k: int, stopped: bool) -> None:
         self.tokens[i] += ids

@@ -2,7 +2,7 @@
 
 They read the agent loop's inputs (:data:`~jaxrl_llm.algorithms.estimators.PROVIDED_INPUTS`:
 ``turn_rewards``, ``turn_mask``, ``turn_ids``, ``state_ids``, and on request ``turn_entropy``,
-``agent_ids``), compute turn-level advantages with :mod:`jaxrl_llm.core.turns` and put them on the
+``agent_ids``, ``gt_logp``, ``progress``, ``grounding``), compute turn-level advantages with :mod:`jaxrl_llm.core.turns` and put them on the
 policy tokens of each turn (:func:`~jaxrl_llm.core.broadcast_turns`); observation tokens get 0
 (they are not in the loss). Only :class:`~jaxrl_llm.training.agent_loop.AgentTrainer` provides
 these inputs; the single-turn loop refuses such a recipe at construction.
@@ -129,5 +129,27 @@ def mars(x, *, num_agents: int = 2, gamma: float = 1.0, scale_by_std: bool = Fal
 def multiturn_gae(x, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> Advantages:
     """Multi-turn PPO: GAE over the policy tokens of the whole episode with a learned critic."""
     rewards = core.place_turn_rewards(x["turn_rewards"], x["turn_ids"], x["mask"])
+    adv, ret = core.multiturn_gae_advantages(rewards, x["values"], x["mask"], gamma=gamma, lam=lam, whiten=whiten)
+    return Advantages(adv, ret)
+
+
+@register_estimator("spa", paper="SPA-RL: Reinforcing LLM Agents via Stepwise Progress Attribution (Wang et al.), "
+                                 "arXiv:2505.20732",
+                    core=("spa_turn_rewards", "spa_progress_loss", "place_turn_rewards", "multiturn_gae_advantages"),
+                    methods=(215,), requires=("turn_mask", "turn_ids", "progress", "grounding", "values"),
+                    verified="fused reward and estimator loss as the authors' code (prm/rl_data_org.py, "
+                             "prm/train_our_progress_model.py); hand values",
+                    tests=_TESTS,
+                    note="the loop trains a progress estimator (a score-head copy of the policy, recipe.progress_lr) "
+                         "online: each step it scores the turns with the estimator before its update, then fits "
+                         "sum_k c_k to the episode return on the same batch (the paper fits it offline on SFT "
+                         "rollouts first); grounding = the environment executed the action (Episodes.grounded); "
+                         "PPO as the paper: GAE over the policy tokens with the loop's critic")
+def spa(x, *, alpha: float = 1.0, beta: float = 0.5, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+        ) -> Advantages:
+    """SPA-RL: per-turn rewards ``alpha c_k + beta g_k`` (progress contribution, grounding), on
+    each turn's last policy token, through multi-turn GAE with the critic."""
+    r = core.spa_turn_rewards(x["progress"], x["turn_mask"], x["grounding"], alpha=alpha, beta=beta)
+    rewards = core.place_turn_rewards(r, x["turn_ids"], x["mask"])
     adv, ret = core.multiturn_gae_advantages(rewards, x["values"], x["mask"], gamma=gamma, lam=lam, whiten=whiten)
     return Advantages(adv, ret)

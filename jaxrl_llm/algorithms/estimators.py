@@ -75,7 +75,10 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
-                                   "gt_logp": "turn_boundary"}
+                                   "gt_logp": "turn_boundary",
+                                   # SPA-RL: the progress estimator's per-turn contributions and
+                                   # the environment's grounding signal (action executed), [N, K]
+                                   "progress": "turn", "grounding": "turn"}
 #: the kinds only the agent loop provides (multi-turn episodes)
 AGENT_KINDS = frozenset({"turn", "turn_mask", "turn_index", "token_index", "turn_boundary"})
 

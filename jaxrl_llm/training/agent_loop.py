@@ -14,6 +14,12 @@ Rows are prompt-major as in the single-turn loop: the ``G`` episodes of one seed
 (same first observation, independent samples), so every group-relative estimator applies to
 episode returns unchanged.
 
+**SPA-RL.** A recipe whose estimator reads ``progress`` (``recipe.advantage=spa``) needs a
+progress estimator (``progress=``, a :class:`~jaxrl_llm.training.Critic` whose train step runs
+:class:`~jaxrl_llm.training.ProgressObjective`): ``assemble`` scores each turn with it (the
+model before this step's update), ``update`` then fits it on the same batch (epochs x
+mini-batches as the policy's, its own shuffling key), and it is checkpointed with the rest.
+
 **Resume.** Episodes never span iterations: a checkpoint is written between iterations, when
 no episode is open, so there is no environment state to save. Each episode restarts from its
 seed (environments are deterministic in it) and each turn samples with a key derived from
@@ -52,8 +58,20 @@ def _entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
                              chunk_size=chunk_size, temperature=temperature, with_entropy=True)
     return jax.lax.stop_gradient(ent)
 
+@partial(jax.jit, static_argnums=(0,))
+def _contributions(graphdef, params, others, tokens, mask, turn_end, turn_mask):
+    """``[N, K]`` the progress estimator's per-turn outputs (SPA-RL's contributions)."""
+    from flax import nnx
+
+    from jaxrl_llm.training.objectives import turn_contributions
+
+    model = nnx.merge(graphdef, params, *others)
+    return turn_contributions(model, {"tokens": tokens, "mask": mask, "turn_end": turn_end, "turn_mask": turn_mask})
+
+
 #: estimator inputs only an agent run provides (kind in PROVIDED_INPUTS): filled by the assemble phase
-AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp")
+AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp",
+                "progress", "grounding")
 
 
 class SeedStream:
@@ -113,7 +131,9 @@ def build_episode_batch(ep: Episodes, prompt_len: int, episode_len: int, pad_id:
 
     Returns ``tokens``, ``mask`` ``[N, P + E]``, ``loss_mask``, ``old_logp`` ``[N, P + E - 1]``,
     ``completion_mask``, ``turn_ids`` ``[N, E]``, ``group_ids [N]``, and turn-level
-    ``turn_rewards``, ``turn_mask`` ``[N, K]`` (``K`` = the most turns of any episode).
+    ``turn_rewards``, ``turn_mask``, ``grounding`` ``[N, K]`` (``K`` = the most turns of any
+    episode) and ``turn_end`` ``[N, K]`` int32, the position in ``tokens`` of each turn's last
+    policy token (of the context it acted on for a turn of no tokens; 0 past an episode's turns).
     """
     n = len(ep.tokens)
     group = ep.group_ids
@@ -139,15 +159,28 @@ def build_episode_batch(ep: Episodes, prompt_len: int, episode_len: int, pad_id:
     k = max(1, max(len(r) for r in ep.rewards))
     turn_rewards = np.zeros((n, k), np.float32)
     turn_mask = np.zeros((n, k), bool)
+    grounding = np.zeros((n, k), np.float32)
+    turn_end = np.zeros((n, k), np.int32)
     for i in range(n):
         t = len(ep.actions[i])
         turn_mask[i, :t] = True
         r = ep.rewards[i]
         turn_rewards[i, :len(r)] = r
+        g = ep.grounded[i][:k]
+        grounding[i, :len(g)] = g
+        last = prompt_len - 1
+        for j in range(min(t, k)):
+            at = np.flatnonzero(tids[i] == j)
+            if at.size:
+                last = prompt_len + int(at[-1])
+            elif j > 0 and j - 1 < len(ep.boundaries[i]):  # a turn of no tokens: the context it acted on
+                last = prompt_len + ep.boundaries[i][j - 1] - 1
+            turn_end[i, j] = last
     lp = np.where(cmask, lp, 0.0).astype(np.float32)
     return {"tokens": tokens, "mask": mask, "loss_mask": to_target_aligned(cmask, prompt_len),
             "old_logp": to_target_aligned(lp, prompt_len), "completion_mask": cmask, "turn_ids": tids,
-            "group_ids": group, "turn_rewards": turn_rewards, "turn_mask": turn_mask}
+            "group_ids": group, "turn_rewards": turn_rewards, "turn_mask": turn_mask, "grounding": grounding,
+            "turn_end": turn_end}
 
 
 @dataclasses.dataclass
@@ -174,6 +207,10 @@ class AgentTrainer(RLTrainer):
         ``context_len``, which bounds every episode.
       max_turns: the policy-turn cap (default: each environment's ``max_turns``).
       step_timeout_s: wall-clock limit of one environment call.
+      progress: SPA-RL's progress estimator, required exactly when the recipe's estimator reads
+        ``progress``: a :class:`~jaxrl_llm.training.Critic` built with
+        :class:`~jaxrl_llm.training.ProgressObjective` (``Critic.create(cfg, optimizer,
+        ProgressObjective(), policy_params=...)``).
     """
 
     progress_metric = "episodes/success_rate"
@@ -182,14 +219,24 @@ class AgentTrainer(RLTrainer):
 
     def __init__(self, graphdef, state, train_step, sampler, seeds: SeedStream, spec: EnvSpec, fmt: ChatFormat,
                  recipe, tokenizer, *, episode_buckets=(64, 128, 256, 512, 1024, 2048), max_turns: int | None = None,
-                 step_timeout_s: float = 30.0, **kw: Any):
+                 step_timeout_s: float = 30.0, progress: Any = None, **kw: Any):
         if "greedy_scores" in recipe.requires:
             raise ValueError(f"recipe {recipe.name!r} needs a greedy baseline rollout (greedy_scores), which the agent "
                              f"loop does not run; choose another estimator")
         if recipe.shaping or recipe.group_filter.max_rounds > 1:
             raise ValueError(f"recipe {recipe.name!r}: reward shaping and group filters act on single-turn completions; "
                              f"the agent loop does not run them (set recipe.shaping=[] and no group filter)")
+        if recipe.needs_progress_model and progress is None:
+            raise ValueError(f"recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) reads a progress "
+                             f"estimator's contributions: pass progress=Critic.create(cfg, optimizer, "
+                             f"ProgressObjective(), policy_params=...)")
+        if progress is not None and not recipe.needs_progress_model:
+            raise ValueError(f"progress estimator given but recipe {recipe.name!r} (estimator "
+                             f"{recipe.estimator.name!r}) does not read progress")
         super().__init__(graphdef, state, train_step, sampler, seeds, None, recipe, tokenizer, **kw)
+        self.progress = progress
+        self._progress_batch: dict | None = None
+        self._progress_metrics: list = []
         self.spec, self.fmt = spec, fmt
         self.episode_buckets = tuple(sorted(episode_buckets))
         self.max_turns, self.step_timeout_s = max_turns, float(step_timeout_s)
@@ -216,7 +263,8 @@ class AgentTrainer(RLTrainer):
         episode_len = bucket(max(1, max(len(x) for x in ep.tokens)), buckets)
         arrays = build_episode_batch(ep, prompt_len, episode_len, self.sampler.config.pad_token_id)
         turn_inputs = {"turn_rewards": arrays.pop("turn_rewards"), "turn_mask": arrays.pop("turn_mask"),
-                       "turn_ids": arrays.pop("turn_ids")}
+                       "turn_ids": arrays.pop("turn_ids"), "grounding": arrays.pop("grounding")}
+        turn_end = arrays.pop("turn_end")
         k = turn_inputs["turn_mask"].shape[1]
         turn_inputs["state_ids"] = state_ids_of(ep, k)
         turn_inputs["agent_ids"] = np.zeros((len(ep.tokens), k), np.int32)
@@ -239,9 +287,56 @@ class AgentTrainer(RLTrainer):
             step.inputs["turn_entropy"] = self._turn_entropy(arrays, turn_inputs["turn_ids"], k)
         if "gt_logp" in rec.requires:
             step.inputs["gt_logp"] = self._gt_logp(ep, k)
+        if self.progress is not None:
+            pb = {"tokens": arrays["tokens"], "mask": arrays["mask"], "turn_end": turn_end,
+                  "turn_mask": turn_inputs["turn_mask"], "outcome": rounds[0].scores.astype(np.float32)}
+            c = np.asarray(_contributions(self.progress.graphdef, self.progress.state.params, self.progress.frozen,
+                                          *(pb[x] for x in ("tokens", "mask", "turn_end", "turn_mask"))))
+            step.inputs["progress"] = c
+            self._progress_batch = pb
+            tm = pb["turn_mask"]
+            step.metrics.update({"progress/contribution_mean": float(c[tm].mean()) if tm.any() else 0.0,
+                                 "progress/sum_error_mean": float(np.mean(np.abs(c.sum(1) - pb["outcome"])))})
         self._corrections(step)
         step.metrics.update(ep.metrics())
         return step
+
+    def update(self, step: StepBatch, k_mb: jax.Array) -> tuple[list, list, int]:
+        """The policy's (and critic's) update, then the progress estimator's on the same episodes
+        (epochs x mini-batches of the recipe, shuffled with its own stream of the key)."""
+        out = super().update(step, k_mb)
+        self._progress_metrics = []
+        if self.progress is not None:
+            from jaxrl_llm.training.rl import minibatches
+
+            rec, p = self.recipe, self.progress
+            key = jax.random.fold_in(k_mb, 1 << 21)
+            ms = []
+            for epoch in range(rec.epochs):
+                for mb in minibatches(self._progress_batch, rec.num_minibatches, jax.random.fold_in(key, epoch)):
+                    p.state, m = p.train_step(p.state, mb, *p.frozen)
+                    ms.append(m)
+            self._progress_metrics = jax.device_get(ms)
+            self._progress_batch = None
+        return out
+
+    def checkpoint_state(self) -> Any:
+        """The loop's state (:meth:`RLTrainer.checkpoint_state`) plus the progress estimator's
+        (``"progress"``) when the recipe has one."""
+        out = super().checkpoint_state()
+        if self.progress is None:
+            return out
+        if not isinstance(out, dict):
+            out = {"policy": out}
+        return {**out, "progress": self.progress.state}
+
+    def load_checkpoint_state(self, state: Any) -> None:
+        if self.progress is not None:
+            state = dict(state)
+            self.progress.state = state.pop("progress")
+            if set(state) == {"policy"} and self.critic is None and self.kl_state is None:
+                state = state["policy"]
+        super().load_checkpoint_state(state)
 
     def _turn_entropy(self, arrays: dict, turn_ids: np.ndarray, k: int) -> np.ndarray:
         """``[N, K]`` mean token entropy of the sampling policy (the params before the update, at
@@ -302,6 +397,9 @@ class AgentTrainer(RLTrainer):
     def log(self, step, rounds, kept, target, step_metrics, critic_metrics, empty, t) -> dict:
         ep = rounds[0].episodes
         metrics = self._update_metrics(step_metrics, critic_metrics)
+        pm = self._progress_metrics
+        if pm:
+            metrics.update({f"progress/{k}": float(np.mean([m[k] for m in pm])) for k in pm[0]})
         metrics["rewards/total/mean"] = float(rounds[0].scores.mean())
         metrics["rewards/total/std"] = float(rounds[0].scores.std())
         metrics.update(step.metrics)

@@ -361,6 +361,17 @@ def run_agent(cfg: AgentRunConfig) -> dict:
                                               max_grad_norm=o.max_grad_norm),
                                rec.value_objective, policy_params=base, seed=cfg.run.seed,
                                num_microbatches=o.num_microbatches)
+    progress = None
+    if rec.needs_progress_model:  # SPA-RL: a score-head copy of the policy, its own optimiser
+        from jaxrl_llm.training.objectives import ProgressObjective
+        from jaxrl_llm.training.rl import Critic
+
+        base = nnx.state(nnx.merge(gd, params, frozen_state), nnx.Param)
+        progress = Critic.create(model.cfg.replace(lora=None),
+                                 make_optimizer(cfg.recipe.progress_lr, cfg.run.steps, warmup_steps=o.warmup_steps,
+                                                max_grad_norm=o.max_grad_norm),
+                                 ProgressObjective(), policy_params=base, seed=cfg.run.seed + 1,
+                                 num_microbatches=o.num_microbatches)
     sampler = MultiTurnSampler(gd, sampling, context_len=e.context_len, length_buckets=tuple(ro.prompt_buckets),
                                obs_buckets=tuple(ro.obs_buckets))
     trainer = None
@@ -375,7 +386,7 @@ def run_agent(cfg: AgentRunConfig) -> dict:
                            sampler, SeedStream(spec, ro.episodes_per_step, seed=cfg.run.seed, pool=e.train_pool),
                            spec, fmt, rec, tok, episode_buckets=tuple(ro.episode_buckets), max_turns=e.max_turns,
                            step_timeout_s=e.step_timeout_s, seed=cfg.run.seed, frozen=frozen, ref_params=ref_params,
-                           critic=critic, checkpointer=ckpt, checkpoint_every=cfg.run.checkpoint_every,
+                           critic=critic, progress=progress, checkpointer=ckpt, checkpoint_every=cfg.run.checkpoint_every,
                            eval_fn=evaluate, eval_every=cfg.run.eval_every, log_fn=log_fn, config=resolved)
     if trainer.restore():
         log.info("resumed from %s at step %d", ckpt.directory, trainer.iteration)

@@ -11,6 +11,7 @@ from typing import Any
 
 import jaxrl_llm.algorithms  # noqa: F401  (every registry module is imported, so REGISTRIES is full)
 from jaxrl_llm.algorithms.registry import REGISTRIES, Registry
+from jaxrl_llm.algorithms.estimators import AGENT_KINDS, ESTIMATORS, PROVIDED_INPUTS
 from jaxrl_llm.training.preference import PREFERENCE_RECIPES
 from jaxrl_llm.training.recipes import PRESETS
 
@@ -38,9 +39,6 @@ BUILDING_BLOCKS: dict[str, str] = {
                 "parity tests against TRL; configs select the per-variant functions by name",
     "pf_ppo_resample": "verl's resample over the whole batch; recipe.batch_filter=pf_ppo draws from the valid rows "
                        "only, with the same pf_ppo_weights",
-    "spa_progress_loss": "SPA-RL's progress-estimator loss; not yet selectable: the loop does not train a progress "
-                         "estimator (issue 18, open)",
-    "spa_turn_rewards": "SPA-RL's fused per-step reward; not yet selectable (see spa_progress_loss)",
 }
 #: presets whose runs tests/training/test_behaviour_kept.py compares bitwise with the code before the redesign
 #: (dapo with recipe.loss.dual_clip=3, its old value)
@@ -81,7 +79,9 @@ def catalog(*, library_only: bool = False) -> list[dict[str, Any]]:
         out.append({"kind": "RL recipe preset", "key": "recipe.name", "name": name, "paper": pr.paper, "core": [],
                     "requires": [], "defaults": {}, "methods": [],
                     "verified": "bitwise equal to the pre-redesign preset" if name in GOLDEN_PRESETS else "",
-                    "tests": "tests/training/test_behaviour_kept.py, tests/training/test_rl_recipes_extra.py",
+                    "tests": ("tests/training/test_agent_loop.py, tests/training/test_agent_runner.py"
+                              if any(PROVIDED_INPUTS.get(k) in AGENT_KINDS for k in ESTIMATORS[s.advantage.name].requires)
+                              else "tests/training/test_behaviour_kept.py, tests/training/test_rl_recipes_extra.py"),
                     "note": parts + (f"; {pr.note}" if pr.note else "")})
     for name, r in PREFERENCE_RECIPES.items():
         out.append({"kind": "preference recipe preset", "key": "recipe.name (preference)", "name": name,

@@ -140,6 +140,8 @@ class RecipeSpec:
       value_clip: the critic's value clipping (recipes with a critic).
       critic_lr: the critic's AdamW learning rate; critic_warmup: iterations that train the
         critic only.
+      progress_lr: the AdamW learning rate of SPA-RL's progress estimator (estimators that
+        require ``progress``; agent runs).
     """
 
     name: str = "grpo"
@@ -160,6 +162,7 @@ class RecipeSpec:
     value_clip: float | None = None
     critic_lr: float = 1e-5
     critic_warmup: int | None = None
+    progress_lr: float = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import aggregation, kl as kl_mod, stats
+from jaxrl_llm.core.turns import spa_progress_loss
 from jaxrl_llm.core.value import clipped_value_loss
 from jaxrl_llm.models.logprobs import token_logprobs
 
-__all__ = ["PolicyObjective", "ValueObjective", "SFTObjective", "policy_logprobs", "critic_values"]
+__all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs",
+           "critic_values", "turn_contributions"]
 
 
 def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
@@ -194,6 +196,48 @@ def critic_values(model: Any, batch: dict) -> jax.Array:
     ``values[:, -T - 1:-1]``)."""
     hidden, _ = model(batch["tokens"], batch["mask"])
     return model.scores(hidden[:, :-1])[..., 0]
+
+
+def turn_contributions(model: Any, batch: dict) -> jax.Array:
+    """``[B, K]`` float32 per-turn outputs of a score-head model: the score of the position of
+    each turn's last policy token (``batch["turn_end"] [B, K]`` int32 positions into ``tokens``),
+    0 where ``turn_mask`` is false. SPA-RL's progress estimator reads each step at its last
+    token, after the action."""
+    hidden, _ = model(batch["tokens"], batch["mask"])
+    scores = model.scores(hidden)[..., 0].astype(jnp.float32)
+    tm = batch["turn_mask"]
+    pos = jnp.where(tm, batch["turn_end"], 0).astype(jnp.int32)
+    return jnp.where(tm, jnp.take_along_axis(scores, pos, axis=1), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressObjective:
+    """SPA-RL's progress-estimator loss for :func:`~jaxrl_llm.training.make_train_step`: the
+    per-turn contributions of a score-head model (:func:`turn_contributions`) must sum to the
+    episode's outcome, ``mean_i (sum_k c_{i,k} - R_i)^2``
+    (:func:`jaxrl_llm.core.spa_progress_loss`).
+
+    Batch: ``tokens``, ``mask`` ``[B, L]``; ``turn_end`` ``[B, K]`` int32 (each turn's last policy
+    token), ``turn_mask`` ``[B, K]``, ``outcome`` ``[B]``. Rows without a turn weigh 0; the
+    normalisation (episodes with a turn) is exact across micro-batches. Metrics:
+    ``progress_loss`` and ``progress_sum_mean`` (the mean over episodes of ``sum_k c``).
+    """
+
+    def batch_keys(self) -> tuple[str, ...]:
+        return ("tokens", "mask", "turn_end", "turn_mask", "outcome")
+
+    def weight(self, batch: dict) -> jax.Array:
+        return jnp.sum(jnp.any(batch["turn_mask"], axis=1).astype(jnp.float32))
+
+    def loss_sum(self, model: Any, batch: dict, key: jax.Array):
+        c = turn_contributions(model, batch)
+        valid = jnp.any(batch["turn_mask"], axis=1)
+        n = jnp.sum(valid.astype(jnp.float32))
+        loss = spa_progress_loss(c, batch["turn_mask"], batch["outcome"], valid=valid)
+        total = jax.lax.stop_gradient(jnp.where(valid, jnp.sum(c, axis=1), 0.0))
+        metrics = {"progress_loss": jax.lax.stop_gradient(loss),
+                   "progress_sum_mean": stats.safe_divide(jnp.sum(total), n)}
+        return loss * n, metrics
 
 
 @dataclasses.dataclass(frozen=True)

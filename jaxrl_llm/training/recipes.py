@@ -118,6 +118,11 @@ class RLRecipe:
         return "values" in self.estimator.part.requires
 
     @property
+    def needs_progress_model(self) -> bool:
+        """SPA-RL: the estimator reads a progress estimator's per-turn contributions."""
+        return "progress" in self.estimator.part.requires
+
+    @property
     def requires(self) -> frozenset[str]:
         """What the loop must provide: the estimator's inputs, ``ref_logp`` for a KL term, and
         ``rollout_logp`` (the sampler's log-probs next to recomputed ones) for corrections."""
@@ -220,6 +225,15 @@ PRESETS: dict[str, Preset] = {
     "flow_grpo": Preset(_spec("flow_grpo", "flow_grpo", _ppo_loss(0.2), "token-mean"), 8,
                         "In-the-Flow Agentic System Optimization (AgentFlow / Flow-GRPO, Li et al.), arXiv:2510.05592",
                         "for AgentRunConfig runs: the outcome on every turn, group-normalised"),
+    # SPA-RL: PPO (critic, GAE over the policy tokens, verl's PPO defaults as the ppo preset) on the
+    # fused per-turn reward alpha c_k + beta g_k; the progress estimator is trained online (the
+    # authors fit it offline on rollouts of the SFT policy first; recipe.progress_lr)
+    "spa": Preset(_spec("spa", "spa", _ppo_loss(0.2), "token-mean", num_minibatches=4,
+                        kl=KLSpec(coef=0.0, estimator="k1", placement="reward", controller=Choice("fixed"),
+                                  bias_correction="none")),
+                  1, "SPA-RL: Reinforcing LLM Agents via Stepwise Progress Attribution (Wang et al.), "
+                     "arXiv:2505.20732",
+                  "for AgentRunConfig runs: trains a critic and a progress estimator next to the policy"),
 }
 
 #: preset names (the old ``RECIPES`` mapping, name -> builder of :class:`RLRecipe`)
@@ -261,7 +275,7 @@ def resolve_spec(spec: RecipeSpec) -> RecipeSpec:
                                  placement=mine.placement or base.placement,
                                  controller=_merge_choice(base.controller, mine.controller),
                                  bias_correction=mine.bias_correction or base.bias_correction)
-        elif f.name == "critic_lr":
+        elif f.name in ("critic_lr", "progress_lr"):
             out[f.name] = mine
         else:
             out[f.name] = base if mine is None else mine

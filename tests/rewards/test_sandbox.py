@@ -49,11 +49,27 @@ FAST = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256)
 # --------------------------------------------------------------------------------------
 
 
-def _sandbox_processes() -> list[tuple[int, str]]:
+def _ancestors(pid: int) -> set[int]:
+    """The parent chain of ``pid`` (empty when it cannot be read)."""
+    out: set[int] = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                pid = int(re.search(r"^PPid:\s+(\d+)", f.read(), re.M).group(1))
+        except (OSError, AttributeError):
+            break
+    return out
+
+
+def _sandbox_processes(mine_only: bool = False) -> list[tuple[int, str]]:
     """Live processes that belong to some sandbox run: their command line carries the harness
-    script's path (forks of it inherit it), or (as root) their uid is in the per-run range."""
+    script's path (forks of it inherit it), or (as root) their uid is in the per-run range.
+    ``mine_only``: only descendants of this process (another pytest worker's sandboxes, e.g. the
+    agents' python tool, run at the same time)."""
     if not LINUX:
         return []
+    me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -70,6 +86,8 @@ def _sandbox_processes() -> list[tuple[int, str]]:
         if state and state.group(1) in "ZX":
             continue
         if os.fsencode(sb._CHILD_SCRIPT) in cmd or sb._UID_BASE <= uid < sb._UID_BASE + sb._UID_SPAN:
+            if mine_only and me not in _ancestors(int(name)):
+                continue
             found.append((int(name), state.group(1) if state else "?"))
     return found
 
@@ -92,7 +110,7 @@ class PeakSandboxProcesses:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, len(_sandbox_processes()))
+            self.peak = max(self.peak, len(_sandbox_processes(mine_only=True)))
             time.sleep(0.01)
 
     def __exit__(self, *exc: object) -> None:

@@ -81,8 +81,13 @@ def make(name="grpo", env=Echo, g=4, **fields):
         from jaxrl_llm.training import Critic
 
         critic = Critic.create(model.cfg, optax.adam(1e-2), rec.value_objective, policy_params=params, seed=0)
+    progress = None
+    if rec.needs_progress_model:
+        from jaxrl_llm.training import Critic, ProgressObjective
+
+        progress = Critic.create(model.cfg, optax.adam(1e-2), ProgressObjective(), policy_params=params, seed=1)
     return AgentTrainer(gd, init_train_state(params, opt, seed=0), _CACHE[key], _CACHE[skey], SeedStream(spec(env), 2),
-                        spec(env), fmt, rec, TOK, seed=1, episode_buckets=(32, 64), critic=critic)
+                        spec(env), fmt, rec, TOK, seed=1, episode_buckets=(32, 64), critic=critic, progress=progress)
 
 
 def test_episodes_train_on_policy_tokens_only_with_the_sampler_logprobs():
@@ -126,17 +131,20 @@ def _digest(tree):
     return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(jax.device_get(tree)))).hexdigest()
 
 
-def test_resume_is_bitwise(tmp_path):
+@pytest.mark.parametrize("name", ["grpo", "spa"])
+def test_resume_is_bitwise(tmp_path, name):
+    """GRPO, and SPA-RL with its critic and progress estimator in the checkpoint."""
     def run(tr, steps, ckpt=None):
         if ckpt is not None:
             tr.checkpointer = Checkpointer(ckpt, keep_last=1)
             tr.restore()
         tr.run(steps)
-        return _digest(tr.state), [h["rewards/total/mean"] for h in tr.history], tr.data.position
+        extra = (_digest(tr.critic.state), _digest(tr.progress.state)) if name == "spa" else ()
+        return _digest(tr.state), [h["rewards/total/mean"] for h in tr.history], tr.data.position, extra
 
-    a = run(make(), 3)
-    run(make(), 2, tmp_path)
-    resumed = make()
+    a = run(make(name), 3)
+    run(make(name), 2, tmp_path)
+    resumed = make(name)
     b = run(resumed, 3, tmp_path)
     assert len(resumed.history) == 3 and a == b
 
@@ -213,3 +221,90 @@ def test_igpo_scores_the_gold_answer_after_each_turn():
         np.testing.assert_allclose(b["gt_logp"][i, j], lp[-len(gt):].mean(), atol=2e-5)
     with pytest.raises(ValueError, match="gives no gold answer"):
         make("grpo", advantage="igpo").step()
+
+
+class EchoGrounded(Echo):
+    """An action that does not start with a letter a-d is not executed (``info["invalid"]``)."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, r, term, trunc, {**info, "invalid": action.strip()[:1] not in LETTERS}
+
+
+def test_spa_scores_turns_with_the_progress_estimator_and_fits_it():
+    """SPA-RL: contributions are the progress estimator's scores at each turn's last policy
+    token; the advantages are GAE over the fused reward alpha c + beta g with the critic's
+    values; grounding is what the environment said; the estimator is trained each step."""
+    import jax.numpy as jnp
+
+    import jaxrl_llm.core as core
+
+    tr = make("spa", env=EchoGrounded)
+    p0 = jax.tree.map(np.array, jax.device_get(tr.progress.state.params))
+    fresh = make("spa", env=EchoGrounded)  # the estimator before the update
+    m = tr.step()
+    b, ep = tr.last_batch, tr.last_episodes
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    tm, cm = b["turn_mask"], b["completion_mask"]
+    # grounding: 1 exactly for the executed actions
+    want_g = np.zeros(tm.shape, np.float32)
+    for i, acts in enumerate(ep.actions):
+        for k, a in enumerate(acts):
+            want_g[i, k] = a.strip()[:1] in LETTERS
+    np.testing.assert_array_equal(b["grounding"], want_g)
+    assert 0 < want_g[tm].mean() < 1  # a random policy: some actions executed, some not
+    # contributions: a forward pass of the estimator, read at each turn's last policy token
+    est = nnx.merge(fresh.progress.graphdef, fresh.progress.state.params)
+    hidden, _ = est(b["tokens"], b["mask"])
+    scores = np.asarray(est.scores(hidden)[..., 0])
+    for i in range(len(tm)):
+        for k in range(int(tm[i].sum())):
+            last = p + np.flatnonzero(b["turn_ids"][i] == k)[-1]
+            np.testing.assert_allclose(b["progress"][i, k], scores[i, last], atol=1e-5)
+    assert np.all(b["progress"][~tm] == 0)
+    # advantages: the composition of the core functions on the batch's own inputs
+    r = core.spa_turn_rewards(b["progress"], tm, b["grounding"], alpha=1.0, beta=0.5)
+    adv, _ = core.multiturn_gae_advantages(core.place_turn_rewards(r, b["turn_ids"], cm), b["old_values"][:, p - 1:],
+                                           cm, gamma=1.0, lam=1.0, whiten=True)
+    np.testing.assert_allclose(b["advantages"][:, p - 1:], np.asarray(adv), atol=1e-5)
+    # the estimator was fitted on this batch: its parameters moved, its loss was logged
+    moved = jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(np.asarray(x) - y).max()),
+                                         jax.device_get(tr.progress.state.params), p0))
+    assert max(moved) > 0 and np.isfinite(m["progress/progress_loss"]) and "critic/vf_loss" in m
+    assert m["episodes/grounded_rate"] == pytest.approx(want_g[tm].mean())
+    with pytest.raises(ValueError, match="reads a progress estimator"):
+        AgentTrainer(tr.graphdef, tr.state, tr.train_step, tr.sampler, tr.data, tr.spec, tr.fmt, tr.recipe, TOK,
+                     critic=tr.critic)
+
+
+def test_progress_objective_fits_contributions_that_sum_to_the_outcome():
+    """ProgressObjective's loss is mean_i (sum_k c_ik - R_i)^2 over episodes with a turn (a
+    hand computation on the model's own scores), exact across micro-batches, and training
+    drives it down."""
+    from jaxrl_llm.training import Critic, ProgressObjective
+    from jaxrl_llm.training.objectives import turn_contributions
+
+    model = Transformer(preset("tiny", vocab_size=TOK.vocab_size, hidden_size=32, num_layers=2), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(3, TOK.vocab_size, (4, 12)).astype(np.int32), "mask": np.ones((4, 12), bool),
+             "turn_end": np.array([[2, 6, 11], [3, 0, 0], [4, 9, 0], [0, 0, 0]], np.int32),
+             "turn_mask": np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], bool),
+             "outcome": np.array([1.0, 0.0, 0.5, 7.0], np.float32)}
+    crit = Critic.create(model.cfg, optax.adam(3e-3), ProgressObjective(), seed=0)
+    crit2 = Critic.create(model.cfg, optax.adam(3e-3), ProgressObjective(), seed=0, num_microbatches=2)
+    m_model = nnx.merge(crit.graphdef, crit.state.params)
+    hidden, _ = m_model(batch["tokens"], batch["mask"])
+    sc = np.asarray(m_model.scores(hidden)[..., 0])
+    sums = [sc[0, 2] + sc[0, 6] + sc[0, 11], sc[1, 3], sc[2, 4] + sc[2, 9]]  # row 3 has no turn: left out
+    want = np.mean([(sums[0] - 1.0) ** 2, (sums[1] - 0.0) ** 2, (sums[2] - 0.5) ** 2])
+    c = np.asarray(turn_contributions(m_model, batch))
+    assert c[1, 1] == 0 and c[3].tolist() == [0, 0, 0]
+    s1, m1 = crit.train_step(crit.state, batch)
+    s2, m2 = crit2.train_step(crit2.state, batch)
+    np.testing.assert_allclose(float(m1["loss"]), want, rtol=1e-5)
+    np.testing.assert_allclose(float(m2["loss"]), want, rtol=1e-5)
+    np.testing.assert_allclose(float(m1["progress_loss"]), want, rtol=1e-5)
+    st = s1
+    for _ in range(60):
+        st, m = crit.train_step(st, batch)
+    assert float(m["loss"]) < 0.05 * want
