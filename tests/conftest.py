@@ -1,6 +1,17 @@
 """Shared pytest configuration."""
 
 import os
+from pathlib import Path
+
+# One XLA compilation cache for the whole test run (both xdist workers and every subprocess the
+# tests start inherit it through the environment; set before anything imports jax): most tests
+# compile the same tiny-model programs, and a cached executable is the same program (the
+# bitwise golden-run tests pass with cache hits). A JAX_COMPILATION_CACHE_DIR of your own is
+# respected; JAXRL_TEST_COMPILE_CACHE=0 turns it off.
+if os.environ.get("JAXRL_TEST_COMPILE_CACHE", "1") != "0":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                          str(Path(__file__).resolve().parent.parent / ".cache" / "jax-tests"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 from hypothesis import HealthCheck, settings
 
