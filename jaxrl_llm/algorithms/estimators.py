@@ -23,6 +23,8 @@ and, only when it lists them in ``requires``:
 * ``old_logp [N, T]``: log-probs of the sampled tokens under the sampling policy;
 * ``ref_logp [N, T]``: log-probs under the frozen reference policy;
 * ``sum_pi_squared [N, T]``: ``sum_v pi(v)^2`` of the sampling policy at each response position;
+* ``old_entropy [N, T]``: the token entropy of the sampling policy (at the sampling temperature)
+  at each response position;
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
   function that does not apply to a row counts 0);
 
@@ -70,6 +72,7 @@ BASE_INPUTS = frozenset({"scores", "mask", "valid", "group_ids"})
 #: :mod:`jaxrl_llm.training.providers`)
 PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", "greedy_scores": "sequence",
                                    "old_logp": "token", "ref_logp": "token", "sum_pi_squared": "token",
+                                   "old_entropy": "token",
                                    "component_scores": "components",
                                    # multi-turn episodes (the agent loop only): [N, K] per policy turn,
                                    # [N, T] turn index of each response token (-1: observation)

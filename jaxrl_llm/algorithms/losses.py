@@ -27,11 +27,19 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
 __all__ = ["SURROGATES", "AGGREGATIONS", "KL_ESTIMATORS", "KL_CONTROLLERS", "IS_CORRECTIONS", "REJECTIONS",
-           "reinforce_surrogate"]
+           "LOSS_INPUT_SHAPES", "reinforce_surrogate"]
 
 SURROGATES = new_registry("policy loss", "recipe.loss",
-                          "fn(logp, old_logp, advantages, mask, *, is_weights=None, **params) -> "
-                          "(per_token [N, T], metrics)")
+                          "fn(logp, old_logp, advantages, mask, *, is_weights=None, [inputs in requires], **params) -> "
+                          "(per_token [N, T], metrics); coupled: (loss scalar over the batch, metrics)")
+
+#: batch columns a surrogate may read (``Part.requires``), passed as keyword arguments of that name,
+#: with their shapes for ``N`` rows of ``T`` target-aligned positions: ``scores [N]`` the shaped
+#: sequence rewards, ``group_ids [N]`` the prompt of each row (dense in the mini-batch, whose groups
+#: are whole when a surrogate reads them), ``old_entropy [N, T]`` the sampling policy's token entropy
+#: (a provider: :mod:`jaxrl_llm.training.providers`)
+LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lambda n, t: ((n,), "int32"),
+                     "old_entropy": lambda n, t: ((n, t), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
 _T_TRL = _T + ", tests/conformance/test_trl_grpo.py"
 

@@ -411,11 +411,16 @@ class RLTrainer(HostLoop):
             a["kl_coef"] = np.full((a["tokens"].shape[0],), float(self.kl_state.coef), np.float32)
         actor_keys = rec.objective.batch_keys()
         critic_keys = rec.value_objective.batch_keys() if self.critic is not None else ()
+        if "scores" in actor_keys:  # a surrogate that reads the sequence rewards (DisCO, ...)
+            a["scores"] = np.asarray(step.scores, np.float32)
         train = {k: v for k, v in a.items() if k in actor_keys or k in critic_keys}
+        # a surrogate that compares the rows of a prompt sees whole groups in every mini-batch
+        whole_groups = "group_ids" in actor_keys
         train_actor = self.critic is None or self.iteration >= rec.critic_warmup
         step_metrics, critic_metrics, empty = [], [], 0
         for epoch in range(rec.epochs):
-            for mb in minibatches(train, rec.num_minibatches, jax.random.fold_in(k_mb, epoch)):
+            for mb in minibatches(train, rec.num_minibatches, jax.random.fold_in(k_mb, epoch),
+                                  whole_groups=whole_groups):
                 if not mb["loss_mask"].any():
                     empty += 1
                     continue

@@ -62,6 +62,16 @@ class PolicyObjective:
         :func:`jaxrl_llm.core.kl_importance_weight` (``pi / pi_old``), which makes it unbiased
         for the current policy after the first mini-batch and gives ``k3`` the exact
         reverse-KL gradient (TRL's ``use_bias_correction_kl``, DeepSeek-V3.2); ``None``: off.
+      loss_inputs: further batch columns the surrogate reads, passed to it as keyword arguments
+        of the same name (``scores [B]``, ``group_ids [B]``, ``old_entropy [B, L - 1]``, ...:
+        the surrogate's ``requires``).
+      coupled: the surrogate is not a sum of per-token terms: it maps the whole (mini-)batch to
+        one scalar, ``policy_loss(logp, old_logp, advantages, mask, **kw) -> (loss, metrics)``
+        (DisCO's log-sum-exp over a group's negatives, BAPO's batch-level bound search, a
+        ratio-variance penalty). The train step then runs two passes (:func:`coupled_context`):
+        the log-probs of every row first (forward only), the loss and its gradient with respect
+        to them on the whole batch, then per micro-batch the gradient-equivalent linear term
+        ``sum(coef * logp)``. Exact for any micro-batch split; costs one extra forward pass.
     """
 
     policy_loss: Callable[..., Any]
@@ -77,6 +87,8 @@ class PolicyObjective:
     kl_coef_from_batch: bool = False
     use_is_weights: bool = False
     kl_bias_correction: str | None = None
+    loss_inputs: tuple[str, ...] = ()
+    coupled: bool = False
 
     def __post_init__(self):
         if self.agg_mode not in aggregation.AGG_MODES:
@@ -101,7 +113,40 @@ class PolicyObjective:
         keys = ("tokens", "mask", "loss_mask", "old_logp", "advantages")
         keys += ("ref_logp",) if self.has_kl else ()
         keys += ("kl_coef",) if self.kl_coef_from_batch else ()
+        keys += tuple(k for k in self.loss_inputs if k not in keys)
         return keys + (("is_weights",) if self.use_is_weights else ())
+
+    def _loss_kwargs(self, batch: dict, key: jax.Array | None) -> dict:
+        kw = dict(self.policy_kwargs)
+        if self.needs_key:
+            kw["key"] = key
+        if self.use_is_weights:
+            kw["is_weights"] = batch["is_weights"]
+        for name in self.loss_inputs:
+            kw[name] = batch[name]
+        return kw
+
+    def forward_logp(self, model: Any, batch: dict) -> jax.Array:
+        """``[B, L - 1]`` log-probs of the batch's tokens (the coupled surrogate's first pass)."""
+        logp, _ = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature)
+        return jax.lax.stop_gradient(logp)
+
+    def coupled_context(self, logp: jax.Array, batch: dict, key: jax.Array) -> tuple[dict, dict]:
+        """A coupled surrogate on the whole batch: ``({"coupled_coef": d loss / d logp [B, L - 1],
+        "coupled_value": loss / B per row [B]}, metrics)``. The loss is the surrogate's value
+        normalised by itself (it is a mean by construction); the step divides each micro-batch's
+        sum by the aggregation weight, so :meth:`loss_sum` multiplies the coupled part by it
+        (``batch["coupled_weight"]``)."""
+        kw = self._loss_kwargs(batch, key)
+
+        def f(lp):
+            return self.policy_loss(lp, batch["old_logp"], batch["advantages"], batch["loss_mask"], **kw)
+
+        (value, metrics), coef = jax.value_and_grad(f, has_aux=True)(logp)
+        n = logp.shape[0]
+        ctx = {"coupled_coef": jax.lax.stop_gradient(coef).astype(jnp.float32),
+               "coupled_value": jnp.full((n,), jax.lax.stop_gradient(value) / n, jnp.float32)}
+        return ctx, {f"policy/{k}": v for k, v in metrics.items()}
 
     def weight(self, batch: dict) -> jax.Array:
         m = batch["loss_mask"]
@@ -114,14 +159,18 @@ class PolicyObjective:
         m = batch["loss_mask"]
         logp, ent = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature,
                                     with_entropy=self.entropy_coef != 0.0)
-        kw = dict(self.policy_kwargs)
-        if self.needs_key:
-            kw["key"] = key
-        if self.use_is_weights:
-            kw["is_weights"] = batch["is_weights"]
-        per_token, metrics = self.policy_loss(logp, batch["old_logp"], batch["advantages"], m, **kw)
-        total = per_token
-        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        if self.coupled:
+            # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
+            # the first pass): value = the batch's loss, gradient = sum(coef * d logp)
+            lin = jnp.sum(batch["coupled_coef"] * logp)
+            w = batch["coupled_weight"][0]
+            coupled = w * (lin - jax.lax.stop_gradient(lin) + jnp.sum(batch["coupled_value"]))
+            total, metrics = jnp.zeros_like(logp), {}
+        else:
+            per_token, metrics = self.policy_loss(logp, batch["old_logp"], batch["advantages"], m,
+                                                  **self._loss_kwargs(batch, key))
+            total, coupled = per_token, 0.0
+            metrics = {f"policy/{k}": v for k, v in metrics.items()}
         if self.has_kl:
             kl = kl_mod.kl_penalty(logp, batch["ref_logp"], self.kl_estimator)
             if self.kl_bias_correction is not None:
@@ -135,7 +184,7 @@ class PolicyObjective:
             metrics["policy/entropy"] = stats.masked_mean(ent, m)
         metrics["policy/logp_mean"] = stats.masked_mean(jax.lax.stop_gradient(logp), m)
         s, _ = aggregation.aggregate_sum_weight(total, m, self.agg_mode, self.horizon)
-        return s, metrics
+        return (s + coupled if self.coupled else s), metrics
 
 
 @dataclasses.dataclass(frozen=True)

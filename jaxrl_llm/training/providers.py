@@ -33,7 +33,8 @@ from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
 from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.objectives import critic_values, policy_logprobs
 
-__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "provider", "policy_logp", "policy_sum_pi_squared"]
+__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "provider", "policy_logp", "policy_sum_pi_squared",
+           "policy_entropy"]
 
 #: inputs the loop has without a provider, and where they come from
 INTRINSIC = {"old_logp": "always in the batch (the sampler's, or recomputed with recipe.old_logp=recompute)",
@@ -144,6 +145,17 @@ def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tok
     return jax.lax.stop_gradient(out[:, :length])
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def policy_entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
+    """``[N, L - 1]`` entropy of the temperature-scaled next-token distribution at each position
+    (chunked: never ``[N, L, V]`` at once)."""
+    from flax import nnx
+
+    _, ent = policy_logprobs(nnx.merge(graphdef, params, *others), {"tokens": tokens, "mask": mask},
+                             chunk_size=chunk_size, temperature=temperature, with_entropy=True)
+    return jax.lax.stop_gradient(ent)
+
+
 def _target(step: StepBatch, values: Any) -> np.ndarray:
     """Host values zeroed outside the loss mask, float32."""
     return np.where(step.arrays["loss_mask"], np.asarray(values), 0.0).astype(np.float32)
@@ -193,6 +205,19 @@ def _sum_pi_squared(tr, step: StepBatch) -> None:
     sp = gather(policy_sum_pi_squared(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params,
                                       tr.frozen, a["tokens"], a["mask"]))
     step.arrays["sum_pi_squared"] = _target(step, sp)
+
+
+@provider("old_entropy")
+def _old_entropy(tr, step: StepBatch) -> None:
+    """The sampling policy's (the policy before the update) token entropy at each response
+    position: HAPO's and CANON's entropy signals."""
+    a = step.arrays
+    obj = tr.recipe.objective
+    ent = gather(policy_entropy(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params, tr.frozen,
+                                a["tokens"], a["mask"]))
+    step.arrays["old_entropy"] = _target(step, ent)
+    cm = step.arrays["loss_mask"]
+    step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
 
 
 @provider("component_scores")

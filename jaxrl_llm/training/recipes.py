@@ -30,6 +30,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS, KL_CONTROLLERS,
                                   KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES, Bound, EstimatorInputs,
                                   GroupFilter, RegistryError)
+from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
 from jaxrl_llm.config import Choice
 from jaxrl_llm.training.configs import KLSpec, RecipeSpec
 from jaxrl_llm.training.objectives import PolicyObjective, ValueObjective
@@ -126,7 +127,7 @@ class RLRecipe:
     def requires(self) -> frozenset[str]:
         """What the loop must provide: the estimator's inputs, ``ref_logp`` for a KL term, and
         ``rollout_logp`` (the sampler's log-probs next to recomputed ones) for corrections."""
-        req = set(self.estimator.part.requires)
+        req = set(self.estimator.part.requires) | (set(self.objective.loss_inputs) & set(PROVIDED_INPUTS))
         if self.objective.has_kl or self.kl_reward is not None:
             req.add("ref_logp")
         if self.is_correction is not None or self.rejection is not None:
@@ -354,6 +355,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
 
     objective = PolicyObjective(
         loss.part.fn, loss.kwargs, agg_mode=s.agg, horizon=s.horizon,
+        loss_inputs=tuple(sorted(loss.part.requires)), coupled=bool(loss.part.flag("coupled")),
         kl_coef=float(kl.coef) if kl_on and kl.placement == "loss" and not adaptive else 0.0,
         kl_estimator=kl.estimator, kl_coef_from_batch=adaptive and kl.placement == "loss",
         entropy_coef=float(s.entropy_coef), temperature=temperature, chunk_size=chunk_size,
@@ -408,8 +410,10 @@ def _trial(est: Bound, loss: Bound, kl_reward: KLReward | None, num_samples: int
         raise RegistryError(f"recipe.advantage={est.name} {dict(est.kwargs)}: {e}") from None
     tok = f32((n, t), jnp.float32)
     extra = {"key": jax.random.key(0)} if loss.part.flag("needs_key") else {}
+    cols = {k: f32(*LOSS_INPUT_SHAPES[k](n, t)) for k in loss.part.requires}
     try:
-        jax.eval_shape(lambda a, b, c, m: loss(a, b, c, m, **extra), tok, tok, tok, f32((n, t), jnp.bool_))
+        jax.eval_shape(lambda a, b, c, m, kw: loss(a, b, c, m, **kw, **extra), tok, tok, tok, f32((n, t), jnp.bool_),
+                       cols)
     except (TypeError, ValueError) as e:
         raise RegistryError(f"recipe.loss={loss.name} {dict(loss.kwargs)}: {e}") from None
 

@@ -147,11 +147,37 @@ def outcome_token_rewards(scores: jax.Array, completion_mask: jax.Array) -> jax.
     return jnp.where(at_last, jnp.asarray(scores, jnp.float32)[:, None], 0.0)
 
 
-def minibatches(batch: dict, num_minibatches: int, key: jax.Array | None) -> list[dict]:
-    """The rows of ``batch`` shuffled (when ``key`` is given) and split into equal parts."""
+def minibatches(batch: dict, num_minibatches: int, key: jax.Array | None, *, whole_groups: bool = False
+                ) -> list[dict]:
+    """The rows of ``batch`` shuffled (when ``key`` is given) and split into equal parts.
+
+    ``whole_groups``: shuffle and split whole prompt groups (``batch["group_ids"]``, groups of
+    equal size) instead of rows, and number the groups of each part densely ``0, 1, ...``, for a loss that compares the rows of one prompt (DisCO); the number of groups
+    must be divisible by ``num_minibatches``."""
     n = next(iter(batch.values())).shape[0]
     if n % num_minibatches:
         raise ValueError(f"{n} rows are not divisible into {num_minibatches} mini-batches")
-    order = np.arange(n) if key is None else np.asarray(jax.random.permutation(key, n))
     size = n // num_minibatches
-    return [{k: v[order[i * size:(i + 1) * size]] for k, v in batch.items()} for i in range(num_minibatches)]
+    if not whole_groups:
+        order = np.arange(n) if key is None else np.asarray(jax.random.permutation(key, n))
+        return [{k: v[order[i * size:(i + 1) * size]] for k, v in batch.items()} for i in range(num_minibatches)]
+    gid = np.asarray(batch["group_ids"])
+    groups = np.unique(gid)
+    if len(groups) % num_minibatches:
+        raise ValueError(f"{len(groups)} prompt groups are not divisible into {num_minibatches} mini-batches (the "
+                         f"loss compares the rows of one prompt, so a mini-batch holds whole groups)")
+    perm = groups if key is None else groups[np.asarray(jax.random.permutation(key, len(groups)))]
+    rank = np.empty(int(gid.max()) + 1, np.int64)
+    rank[perm] = np.arange(len(perm))
+    order = np.argsort(rank[gid], kind="stable")
+    per = len(groups) // num_minibatches
+    out = []
+    for i in range(num_minibatches):
+        rows = order[rank[gid[order]] // per == i]
+        mb = {k: v[rows] for k, v in batch.items()}
+        _, mb["group_ids"] = np.unique(mb["group_ids"], return_inverse=True)
+        mb["group_ids"] = mb["group_ids"].astype(np.int32)
+        out.append(mb)
+    if len({len(next(iter(m.values()))) for m in out}) > 1:
+        raise ValueError("prompt groups of different sizes cannot be split into equal mini-batches")
+    return out

@@ -126,6 +126,25 @@ def split_microbatches(batch: Any, n: int) -> Any:
     return jax.tree.map(split, batch)
 
 
+def _coupled_pass(objective: Any, graphdef: nnx.GraphDef, params: Any, frozen: tuple, batch: dict,
+                  weight: jax.Array, num_microbatches: int, key: jax.Array) -> tuple[dict, dict]:
+    """The first pass of a coupled objective (see :class:`~jaxrl_llm.training.PolicyObjective`):
+    the log-probs of every row (forward only, one micro-batch at a time), then the objective's
+    batch-level context from them (``coupled_coef``, ``coupled_value``), added to the batch
+    with the aggregation weight (``coupled_weight``) so each micro-batch can read its rows."""
+    def fwd(mb):
+        return objective.forward_logp(nnx.merge(graphdef, params, *frozen), mb)
+
+    if num_microbatches == 1:
+        logp = fwd(batch)
+    else:
+        per = jax.lax.map(fwd, split_microbatches(batch, num_microbatches))  # [n, B / n, ...]
+        logp = jnp.swapaxes(per, 0, 1).reshape((-1,) + per.shape[2:])      # back to row order
+    ctx, metrics = objective.coupled_context(logp, batch, key)
+    n = logp.shape[0]
+    return {**batch, **ctx, "coupled_weight": jnp.full((n,), weight, jnp.float32)}, metrics
+
+
 def _all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -156,11 +175,17 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
     metric_weight = getattr(objective, "metric_weight", objective.weight)
 
+    coupled = bool(getattr(objective, "coupled", False))
+
     def step(state: TrainState, batch: Any, *frozen: Any):
         weight = jax.lax.stop_gradient(objective.weight(batch)).astype(jnp.float32)
         key = jax.random.wrap_key_data(state.key)
         key, step_key = jax.random.split(key)
         keys = jax.random.split(step_key, num_microbatches)
+        extra_metrics: dict[str, jax.Array] = {}
+        if coupled:
+            batch, extra_metrics = _coupled_pass(objective, graphdef, state.params, frozen, batch, weight,
+                                                 num_microbatches, keys[0])
 
         def micro(p, mb, k):
             model = nnx.merge(graphdef, p, *frozen)
@@ -208,6 +233,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         new_state = TrainState(new_params, new_opt, state.step + ok.astype(jnp.int32), jax.random.key_data(key),
                                state.skipped + (~ok).astype(jnp.int32))
         metrics = {n: safe_divide(v, metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
+        metrics.update(extra_metrics)
         metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads),
                        update_norm=update_norm.astype(jnp.float32),
                        skipped=(~ok).astype(jnp.float32))
