@@ -58,7 +58,7 @@ def _needs(name: str, registry) -> dict:
 @pytest.mark.parametrize("name", ESTIMATORS.names())
 def test_every_estimator_is_selectable(name):
     kl = {"placement": "loss"}
-    rec = recipe("grpo", num_samples=4, advantage=name, kl=kl)
+    rec = recipe("grpo", num_samples=4, advantage={"name": name, **_needs(name, ESTIMATORS)}, kl=kl)
     assert rec.estimator.name == name and rec.requires >= ESTIMATORS[name].requires
 
 

@@ -27,6 +27,9 @@ and, only when it lists them in ``requires``:
   at each response position;
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
   function that does not apply to a row counts 0);
+* ``answer_ids [N]`` int32: the answer cluster of each row (the recipe's clusterer over the
+  decoded completions, :mod:`jaxrl_llm.algorithms.answers`), in ``[0, N)``, equal only for rows
+  of one prompt with equivalent answers;
 
 and in agent runs (multi-turn episodes; ``K`` = the most policy turns of any episode, the
 response is every token after the first prompt, ``mask`` its policy tokens):
@@ -74,6 +77,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "old_logp": "token", "ref_logp": "token", "sum_pi_squared": "token",
                                    "old_entropy": "token",
                                    "component_scores": "components",
+                                   # the answer cluster of each row (recipe.clusterer), [N] int
+                                   "answer_ids": "sequence_int",
                                    # multi-turn episodes (the agent loop only): [N, K] per policy turn,
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",

@@ -94,7 +94,7 @@ SHAPING.register(Part("overlong", overlong, paper="DAPO (Yu et al.), arXiv:2503.
                                              "tests/conformance/test_verl_conformance.py",
                       note="max_length defaults to rollout.max_new_tokens, buffer to a fifth of it"))
 SHAPING.register(Part("kimi_length", kimi_length, paper="Kimi k1.5 (Kimi Team), arXiv:2501.12599",
-                      core=("kimi_length_reward",), verified="hand values", tests="tests/core/test_shaping_stats.py",
+                      core=("kimi_length_reward",), methods=(122,), verified="hand values", tests="tests/core/test_shaping_stats.py",
                       note="correct = metric >= threshold (metric: a reward function's name, default the total)"))
 
 

@@ -142,6 +142,8 @@ class RecipeSpec:
         critic only.
       progress_lr: the AdamW learning rate of SPA-RL's progress estimator (estimators that
         require ``progress``; agent runs).
+      clusterer: how completions are grouped into answers for methods that read answer
+        clusters (``answer``: equal extracted final answers; ``text``: equal completions).
     """
 
     name: str = "grpo"
@@ -163,6 +165,7 @@ class RecipeSpec:
     critic_lr: float = 1e-5
     critic_warmup: int | None = None
     progress_lr: float = 1e-5
+    clusterer: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -220,6 +220,24 @@ def _old_entropy(tr, step: StepBatch) -> None:
     step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
 
 
+@provider("answer_ids")
+def _answer_ids(tr, step: StepBatch) -> None:
+    """``[N]`` the answer cluster of each row: the completions decoded and keyed by the recipe's
+    clusterer (:mod:`jaxrl_llm.algorithms.answers`), ids equal within a group for equal keys."""
+    from jaxrl_llm.algorithms.answers import cluster_ids
+
+    a = step.arrays
+    p = step.prompt_len
+    toks, cm = a["tokens"][:, p:], a["completion_mask"]
+    texts = [tr.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=True) for i in range(len(toks))]
+    keys = tr.recipe.clusterer(texts)
+    ids = cluster_ids(keys, a["group_ids"])
+    step.inputs["answer_ids"] = ids
+    k = np.array([len(set(ids[(a["group_ids"] == g) & step.valid])) for g in range(step.num_groups)])
+    present = np.array([((a["group_ids"] == g) & step.valid).any() for g in range(step.num_groups)])
+    step.metrics["answers/clusters_per_group"] = float(k[present].mean()) if present.any() else 0.0
+
+
 @provider("component_scores")
 def _component_scores(tr, step: StepBatch) -> None:
     """``[N, K]`` each reward function's unweighted score (``NaN``, "does not apply", as 0), in

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrl_llm.core as core
-from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS, KL_CONTROLLERS,
+from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS, KL_CONTROLLERS,
                                   KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES, Bound, EstimatorInputs,
                                   GroupFilter, RegistryError)
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
@@ -79,6 +79,8 @@ class RLRecipe:
         the sampler's log-probs, or ``None``.
       paper: the preset's paper(s).
       spec: the resolved :class:`RecipeSpec` this was built from (logged with the run).
+      clusterer: the answer clusterer behind the ``answer_ids`` input
+        (:data:`jaxrl_llm.algorithms.CLUSTERERS`).
     """
 
     name: str
@@ -99,6 +101,7 @@ class RLRecipe:
     rejection: Bound | None = None
     paper: str = ""
     spec: RecipeSpec | None = None
+    clusterer: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -162,7 +165,7 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                           bias_correction="none"),
                 entropy_coef=0.0, is_weights=Choice("none"), rejection=Choice("none"), shaping=Choice("none"),
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
-                num_minibatches=1, value_clip=0.5, critic_warmup=0)
+                num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -379,13 +382,14 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     else:
         _need(not s.critic_warmup, f"recipe.critic_warmup={s.critic_warmup} needs an estimator with a critic "
                                    f"(recipe.advantage=gae), not {est.name}")
+    clusterer = _bound(CLUSTERERS, s.clusterer, "recipe.clusterer")
     _trial(est, loss, kl_reward, num_samples)
     try:
         return RLRecipe(s.name, est, objective, num_samples=num_samples, epochs=s.epochs,
                         num_minibatches=s.num_minibatches, recompute_old_logp=s.old_logp == "recompute",
                         kl_reward=kl_reward, kl_controller=controller, value_objective=value_objective,
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
-                        is_correction=is_w, rejection=rej, paper=paper, spec=s)
+                        is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 
@@ -399,7 +403,8 @@ def _trial(est: Bound, loss: Bound, kl_reward: KLReward | None, num_samples: int
               "group_ids": np.repeat(np.arange(2, dtype=np.int32), n // 2)}
     shapes = {"token": ((n, t), jnp.float32), "sequence": ((n,), jnp.float32), "components": ((n, 2), jnp.float32),
               "turn": ((n, 2), jnp.float32), "turn_mask": ((n, 2), jnp.bool_), "turn_index": ((n, 2), jnp.int32),
-              "token_index": ((n, t), jnp.int32), "turn_boundary": ((n, 3), jnp.float32)}
+              "token_index": ((n, t), jnp.int32), "turn_boundary": ((n, 3), jnp.float32),
+              "sequence_int": ((n,), jnp.int32)}
     need = set(est.part.requires) | ({"old_logp", "ref_logp"} if kl_reward else set())
     inputs.update({k: f32(*shapes[PROVIDED_INPUTS[k]]) for k in need if k != "token_rewards"})
     group_ids = inputs.pop("group_ids")

@@ -177,6 +177,21 @@ R.update({
     "broadcast_turns": (lambda x, m: C.broadcast_turns(x, TID, m), lambda s: [_n(s, (B, 3)), _mask(s)], 1),
     "place_turn_rewards": (lambda x, m: C.place_turn_rewards(x, TID, m), lambda s: [_n(s, (B, 3)), _mask(s)], 1),
 })
+# the papers' group estimators (jaxrl_llm.core.group_advantages)
+ANS = np.array([0, 1, 2, 0, 1, 5], np.int32)  # answer clusters within the groups of GID
+R.update({
+    "agrae_advantages": (lambda s, m: C.agrae_advantages(s, m, GID, NG), outcome, 1),
+    "canon_advantages": (lambda s, x, m: C.canon_advantages(s, x, m, GID, NG, mu=0.5),
+                         lambda s: [_scores(s), _n(s + 1, (B,)), _mask(s)], 2),
+    "stratified_advantages": (lambda s, m: C.stratified_advantages(s, np.array([0, 1, 1, 0, 1, 0]), m, GID, NG, alpha=0.5,
+                                                                   num_strata=2), outcome, 1),
+    "seed_grpo_advantages": (lambda s, m: C.seed_grpo_advantages(s, ANS, m, GID, NG), outcome, 1),
+    "semantic_entropy": (lambda lp: C.semantic_entropy(ANS, GID, NG, seq_logp=lp), lambda s: [_n(s, (B,))], None),
+    "hapo_token_group_advantages": (lambda s, m: C.hapo_token_group_advantages(s, m, GID, NG), outcome, 1),
+    "riskpo_advantages": (lambda s, m: C.riskpo_advantages(s, m, GID, NG, bundle_size=2), outcome, 1),
+    "adora_advantages": (lambda s, m: C.adora_advantages(s, m, GID, NG), outcome, 1),
+    "drop_small_advantages": (lambda a, m: C.drop_small_advantages(a, m, 0.3), lambda s: [_n(s, (B, T)), _mask(s)], 1),
+})
 # every DPO-family loss is its own function with the dpo_loss signature (lengths used by ipo / sigmoid_norm)
 for _name in ("sigmoid_dpo_loss", "robust_dpo_loss", "ipo_loss", "sigmoid_norm_loss", "hinge_loss", "sppo_hard_loss",
               "nca_pair_loss", "exo_pair_loss", "bco_pair_loss", "apo_zero_loss", "apo_down_loss", "discopop_loss"):

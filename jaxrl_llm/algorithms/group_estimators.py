@@ -1,0 +1,143 @@
+"""Group-relative advantage estimators of recent papers (:mod:`jaxrl_llm.core.group_advantages`)
+as registered parts: ``recipe.advantage=<name>``. Each entry carries the method's METHODS.md
+number; the formulas, defaults and their sources are in the core docstrings."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxrl_llm import core
+from jaxrl_llm.algorithms.estimators import Advantages, register_estimator
+
+__all__: list[str] = []
+
+_T = "tests/core/test_group_advantages.py, tests/training/test_group_estimators.py"
+
+
+def _lengths(x) -> jnp.ndarray:
+    return jnp.sum(x["mask"].astype(jnp.float32), axis=1)
+
+
+@register_estimator("agrae", paper="Unveiling Implicit Advantage Symmetry: Why GRPO Struggles with Exploration and "
+                                   "Difficulty Adaptation (A-GRAE), arXiv:2602.05548",
+                    core=("agrae_advantages",), group_relative=True, methods=(182,), tests=_T,
+                    verified="hand values, paper identity",
+                    note="scores are accuracies in [0, 1]; the authors' released trainer never enters this branch "
+                         "(it trains GRPO); this is the method of the paper and of the code's branch")
+def agrae(x, *, alpha_s: float = 1.0, scale_by_std: bool = True, epsilon: float = 1e-6) -> Advantages:
+    """A-GRAE: GRPO re-weighted by group difficulty and batch accuracy, positives damped early."""
+    return Advantages(core.agrae_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, alpha_s=alpha_s,
+                                            scale_by_std=scale_by_std, epsilon=epsilon, valid=x.get("valid")))
+
+
+@register_estimator("canon", paper="Conditional Advantage Estimation for Reinforcement Learning in Large Reasoning "
+                                   "Models (CANON), arXiv:2509.23962",
+                    core=("canon_advantages",), group_relative=True, methods=(176,), tests=_T,
+                    verified="hand values, paper identity (mu = 1/2: Dr.GRPO)",
+                    note="each group split at its median response length; canon_entropy splits by mean token entropy")
+def canon(x, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0, normalizer: float = 1.0) -> Advantages:
+    """CANON with response length as the split metric."""
+    return Advantages(core.canon_advantages(x["scores"], _lengths(x), x["mask"], x["group_ids"], x.num_groups, mu=mu,
+                                            alpha=alpha, beta=beta, normalizer=normalizer, variant="length",
+                                            valid=x.get("valid")))
+
+
+@register_estimator("canon_entropy", paper="Conditional Advantage Estimation for Reinforcement Learning in Large "
+                                           "Reasoning Models (CANON), arXiv:2509.23962",
+                    core=("canon_advantages",), requires=("old_entropy",), group_relative=True, methods=(176,),
+                    tests=_T, verified="hand values",
+                    note="split metric: the sampling policy's mean token entropy over the response")
+def canon_entropy(x, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0, normalizer: float = 1.0
+                  ) -> Advantages:
+    """CANON with the mean token entropy as the split metric."""
+    m = x["mask"].astype(jnp.float32)
+    ent = jnp.sum(x["old_entropy"] * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+    return Advantages(core.canon_advantages(x["scores"], ent, x["mask"], x["group_ids"], x.num_groups, mu=mu,
+                                            alpha=alpha, beta=beta, normalizer=normalizer, variant="entropy",
+                                            valid=x.get("valid")))
+
+
+@register_estimator("stratified", paper="Stratified GRPO: Handling Structural Heterogeneity in Reinforcement "
+                                        "Learning of LLM Search Agents, arXiv:2510.06214",
+                    core=("stratified_advantages",), requires=("component_scores",), group_relative=True,
+                    methods=(219,), tests=_T, verified="hand values, paper identity (one stratum: GRPO)",
+                    note="the stratum of a row is the rounded score of reward function number stratum_index (e.g. a "
+                         "reward that counts tool calls); alpha has no default (the paper's value was not found)")
+def stratified(x, *, alpha: float, stratum_index: int = 0, num_strata: int = 16, epsilon: float = 1e-6,
+               unbiased_std: bool = False) -> Advantages:
+    """Stratified advantage normalisation blended with the group's."""
+    comp = x["component_scores"]
+    if not 0 <= stratum_index < comp.shape[1]:
+        raise ValueError(f"recipe.advantage.stratum_index={stratum_index} but the run has {comp.shape[1]} reward "
+                         f"functions")
+    strata = jnp.clip(jnp.round(comp[:, stratum_index]), 0, num_strata - 1).astype(jnp.int32)
+    return Advantages(core.stratified_advantages(x["scores"], strata, x["mask"], x["group_ids"], x.num_groups,
+                                                 alpha=alpha, num_strata=num_strata, epsilon=epsilon,
+                                                 unbiased_std=unbiased_std, valid=x.get("valid")))
+
+
+@register_estimator("seed_grpo", paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy "
+                                       "Optimization, arXiv:2505.12346",
+                    core=("seed_grpo_advantages", "semantic_entropy"), requires=("answer_ids",), group_relative=True,
+                    methods=(232,), tests=_T, verified="hand values, paper identity (alpha = 0: GRPO)",
+                    note="answer clusters from recipe.clusterer; cluster probabilities are frequencies; f and alpha "
+                         "are parameters (the authors' code is not public)")
+def seed_grpo(x, *, alpha: float = 1.0, modulation: str = "linear", gamma: float = 2.0, epsilon: float = 1e-6
+              ) -> Advantages:
+    """SEED-GRPO: GRPO scaled by a decreasing function of the group's semantic entropy."""
+    return Advantages(core.seed_grpo_advantages(x["scores"], x["answer_ids"], x["mask"], x["group_ids"], x.num_groups,
+                                                alpha=alpha, modulation=modulation, gamma=gamma, epsilon=epsilon,
+                                                valid=x.get("valid")))
+
+
+@register_estimator("hapo", paper="From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's "
+                                  "Nature (HAPO), arXiv:2509.16591",
+                    core=("hapo_token_group_advantages",), group_relative=True, methods=(3,), tests=_T,
+                    verified="hand values",
+                    note="token-level group average; the hapo preset pairs it with recipe.loss=hapo (entropy-adaptive "
+                         "clipping and advantage redistribution)")
+def hapo(x, *, epsilon: float = 1e-6, fallback: float = 5.0) -> Advantages:
+    """HAPO's token-level group average (group statistics over tokens)."""
+    return Advantages(core.hapo_token_group_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups,
+                                                       epsilon=epsilon, fallback=fallback, valid=x.get("valid")))
+
+
+@register_estimator("riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM "
+                                    "Post-Training, arXiv:2510.00911",
+                    core=("riskpo_advantages",), group_relative=True, methods=(34,), tests=_T,
+                    verified="hand values, paper identity",
+                    note="questions bundled bundle_size at a time in prompt order (rollout.prompts_per_step should be "
+                         "a multiple); credit std (the MATH script) or sum_mean with nonpositive=false (DAPO-math)")
+def riskpo(x, *, bundle_size: int = 5, alpha: float = 0.2, beta: float = 0.8, omega: float = 1.5,
+           credit: str = "std", nonpositive: bool = True, epsilon: float = 1e-6) -> Advantages:
+    """RiskPO: mixed value-at-risk advantages over bundles of questions."""
+    return Advantages(core.riskpo_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups,
+                                             bundle_size=bundle_size, alpha=alpha, beta=beta, omega=omega,
+                                             credit=credit, nonpositive=nonpositive, epsilon=epsilon,
+                                             valid=x.get("valid")))
+
+
+@register_estimator("adora", paper="ADORA: Training Reasoning Models with Dynamic Advantage Estimation on "
+                                   "Reinforcement Learning (Gui and Ren, 2025)",
+                    core=("adora_advantages",), group_relative=True, methods=(12,), tests=_T,
+                    verified="hand values, paper identity (lam = 1: GRPO)",
+                    note="the length criterion of the authors' code; correct = score > correct_threshold")
+def adora(x, *, lam: float = 0.1, correct_threshold: float = 0.5, length_threshold: float | None = None,
+          epsilon: float = 1e-6) -> Advantages:
+    """ADORA: GRPO down-weighted on groups whose correct answers are all shorter than the wrong ones."""
+    return Advantages(core.adora_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, lam=lam,
+                                            correct_threshold=correct_threshold, length_threshold=length_threshold,
+                                            epsilon=epsilon, valid=x.get("valid")))
+
+
+@register_estimator("loop", paper="Reinforcement Learning for Long-Horizon Interactive LLM Agents (LOOP), "
+                                  "arXiv:2502.01600",
+                    core=("rloo_advantages", "drop_small_advantages"), group_relative=True, methods=(23,), tests=_T,
+                    verified="verl (the RLOO part), hand values",
+                    note="leave-one-out baseline, no std; rollouts with |A| < abs_threshold dropped; the loop preset "
+                         "adds the ratio bounds [1/1.1, 1.1], two epochs and seq-mean-token-mean")
+def loop(x, *, abs_threshold: float = 0.01) -> Advantages:
+    """LOOP: RLOO advantages, rollouts with a tiny advantage filtered out."""
+    adv = core.rloo_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, valid=x.get("valid"),
+                               singleton="zero")
+    return Advantages(core.drop_small_advantages(adv, x["mask"], abs_threshold))

@@ -1,0 +1,551 @@
+"""Group-relative advantage estimators of recent papers: re-weightings and re-centrings of GRPO.
+
+Each function takes the outcome convention of :mod:`jaxrl_llm.core.advantages`: ``scores [B]``
+sequence rewards, ``mask [B, T]`` the response tokens, ``group_ids [B]`` in ``[0, num_groups)``
+(static ``num_groups``; any row order), optional ``valid [B]`` (rows outside it take no part in
+any statistic and get advantage 0), plus the per-row signal the method needs (a metric, an
+answer cluster, a stratum). Outputs are ``[B, T]`` float32, broadcast over the response and zero
+outside it, without gradient. Where a paper and its authors' released code differ, the docstring
+says which one is followed and how to get the other.
+
+"GRPO(r)" below is :func:`~jaxrl_llm.core.grpo_advantages`: ``(r - mean_g r) / (std_g r + eps)``
+with the unbiased std and verl's one-sample convention (mean 0, std 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core import _checks
+from jaxrl_llm.core.advantages import _broadcast, _prep_outcome, grpo_advantages
+from jaxrl_llm.core.stats import group_stats, group_sum, safe_divide
+
+__all__ = [
+    "agrae_advantages",
+    "canon_advantages",
+    "stratified_advantages",
+    "seed_grpo_advantages",
+    "semantic_entropy",
+    "hapo_token_group_advantages",
+    "riskpo_advantages",
+    "adora_advantages",
+    "drop_small_advantages",
+]
+
+
+def _row_adv(adv_tok: jnp.ndarray) -> jnp.ndarray:
+    """``[B]`` the (constant) advantage of each row from a broadcast ``[B, T]`` one (0 for an
+    empty row)."""
+    return jnp.sum(adv_tok, axis=1) / jnp.maximum(jnp.sum(adv_tok != 0, axis=1), 1)
+
+
+def _grpo_row(s, m, group_ids, num_groups, v, *, scale_by_std=True, epsilon=1e-6, unbiased=True):
+    """``[B]`` GRPO advantage per row (no broadcast), the same numbers as grpo_advantages."""
+    st = group_stats(s, group_ids, num_groups, v, unbiased=unbiased)
+    single = st.count <= 1
+    mean = jnp.where(single, 0.0, st.mean)
+    std = jnp.where(single, 1.0, st.std)
+    adv = safe_divide(s - mean, std + epsilon) if scale_by_std else s - mean
+    return jnp.where(v > 0, adv, 0.0), st
+
+
+def _group_present(v, group_ids, num_groups):
+    """``[num_groups]`` whether a group has a valid row."""
+    return group_sum(v, group_ids, num_groups) > 0
+
+
+# ----------------------------------------------------------------------------------------- A-GRAE
+
+
+def agrae_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                     alpha_s: float = 1.0, scale_by_std: bool = True, epsilon: float = 1e-6,
+                     valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """A-GRAE: asymmetric group-relative advantages driven by the batch accuracy.
+
+    With ``Â = GRPO(r)``, ``p_q = mean_g r`` the group's accuracy and ``p̄`` the mean of ``p_q``
+    over the batch's groups (each group once, a training-progress proxy)::
+
+        A_diff = Â / 2 / (sqrt(p_q) + eps),   A_easy = Â / 2 / (1 - sqrt(p_q) + eps)
+        A      = (1 - p̄) A_easy + p̄ A_diff,   and where A > 0:  A *= min(1, p̄ / alpha_s)
+
+    Early in training (small ``p̄``) easy prompts dominate and positive advantages are damped
+    (exploration); as accuracy rises the weight moves to hard prompts.
+
+    Paper: "Unveiling Implicit Advantage Symmetry: Why GRPO Struggles with Exploration and
+    Difficulty Adaptation", arXiv:2602.05548. Formula from the authors' code (``Yu7-code/A-GRAE``
+    @5f129ef, ``compute_grpo_outcome_advantage``, branch ``grpo_weight == 2.0``); note that the
+    released trainer anneals ``grpo_weight`` below 2 from the first step, so its scripts never
+    take that branch and train plain GRPO; we implement the method the paper describes.
+    Defaults: ``alpha_s = 1`` (the code's value for math; 0.5 for geometry / medical), eps 1e-6.
+
+    Choices where the code is undefined: scores must be accuracies in ``[0, 1]`` (``p_q`` is
+    clipped to ``[0, 1]`` before the square roots); a one-sample group gets 0 (verl's convention
+    would give ``0.5 r / 1e-6``, a blow-up); a group with ``p_q`` of 0 or 1 has ``Â = 0``.
+
+    Args:
+      scores: ``[B]`` accuracies in ``[0, 1]``. mask: ``[B, T]``. group_ids: ``[B]``; num_groups static.
+      alpha_s: accuracy at which positive advantages stop being damped. scale_by_std: GRPO's std
+        division (verl's ``norm_adv_by_std_in_grpo``). epsilon: 1e-6. valid: optional ``[B]``.
+
+    Returns:
+      ``[B, T]`` float32 advantages.
+    """
+    _checks.check_positive("alpha_s", alpha_s)
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    a, st = _grpo_row(s, m, group_ids, num_groups, v, scale_by_std=scale_by_std, epsilon=epsilon)
+    present = _group_present(v, group_ids, num_groups)
+    p_g = jnp.clip(safe_divide(group_sum(s * v, group_ids, num_groups), group_sum(v, group_ids, num_groups)), 0.0, 1.0)
+    p_bar = safe_divide(jnp.sum(jnp.where(present, p_g, 0.0)), jnp.sum(present.astype(jnp.float32)))
+    sq = jnp.sqrt(p_g)[group_ids]
+    a_diff = 0.5 * a / (sq + epsilon)
+    a_easy = 0.5 * a / (1.0 - sq + epsilon)
+    adv = (1.0 - p_bar) * a_easy + p_bar * a_diff
+    adv = jnp.where(adv > 0, adv * jnp.minimum(1.0, p_bar / alpha_s), adv)
+    adv = jnp.where(st.count > 1, adv, 0.0)
+    return _broadcast(adv, m, v)
+
+
+# ----------------------------------------------------------------------------------------- CANON
+
+
+def _rank_in_group(metric, group_ids, v, num_groups):
+    """``[B]`` the 0-based rank of each valid row within its group by ascending ``metric``, ties
+    in row order (a stable sort); invalid rows rank after every valid one."""
+    b = metric.shape[0]
+    gkey = jnp.where(v > 0, group_ids, num_groups)  # invalid rows sort into a group of their own
+    order = jnp.lexsort((jnp.arange(b), metric, gkey))
+    pos = jnp.zeros(b, jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32))
+    counts = jax.ops.segment_sum(jnp.ones(b, jnp.int32), gkey, num_groups + 1)
+    start = jnp.cumsum(counts) - counts
+    return pos - start[gkey]
+
+
+def canon_advantages(scores: jnp.ndarray, metric: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                     num_groups: int, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0,
+                     normalizer: float = 1.0, variant: str = "length",
+                     valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """CANON: conditional advantages from a split of each group by a metric.
+
+    Each group is sorted by ``metric`` (ascending; ties keep row order) and split into the lower
+    ``S`` (``floor(G/2)`` rows) and the upper ``L`` (the rest), with mean rewards ``R_S``, ``R_L``.
+    The inter-group term compares a row with the other half, the intra-group term with its own::
+
+        i in L:  A_i = [ mu (alpha r_i - R_S + beta) + (1 - mu)(r_i - R_L) ] / normalizer
+        i in S:  A_i = [ mu (r_i - alpha R_L - beta) + (1 - mu)(r_i - R_S) ] / normalizer
+
+    (``variant="entropy"``: the authors' entropy variant moves ``alpha`` to the other reward,
+    ``i in L: mu (r_i - alpha R_S + beta) ...``, ``i in S: mu (alpha r_i - R_L - beta) ...``;
+    with ``alpha = 1, beta = 0`` both variants agree.)
+
+    Identity (paper): with ``mu = 1/2, alpha = 1, beta = 0`` and an even group size this is
+    Dr.GRPO, ``r_i - mean_g r`` (the mean of the two halves' baselines is the group mean; for an
+    odd size it is not).
+
+    Paper: "Conditional Advantage Estimation for Reinforcement Learning in Large Reasoning Models",
+    arXiv:2509.23962. Formulas from the authors' code (``biuboomc/CANON`` @7d6f814,
+    ``compute_dr_length_on_mean_group_outcome_advantage`` and the entropy variant). Defaults are
+    the code's signature: ``mu = 1`` (pure inter-group), ``alpha = 1``, ``beta = 0``; the code's
+    normaliser is the maximum response length under ``seq-mean-token-sum`` aggregation and 1
+    otherwise (``normalizer``). A one-sample group has ``R_S = R_L = 0`` (the code's convention).
+    The schedules of ``mu`` in the code (annealed by batch accuracy, cosine restarts) are a
+    loop concern: pass the scheduled value.
+
+    Args:
+      scores: ``[B]``. metric: ``[B]`` the split metric (response length, or the mean token
+        entropy of the sampling policy). mask, group_ids, num_groups, valid: as usual.
+      mu, alpha, beta: the weights above. normalizer: divides every advantage (> 0).
+      variant: ``"length"`` or ``"entropy"`` (where ``alpha`` sits).
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_choice("variant", variant, ("length", "entropy"))
+    _checks.check_positive("normalizer", normalizer)
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    _checks.check_seq_args(s.shape[0], metric=metric)
+    x = _checks.zero_outside(_checks.as_float(metric), v)
+    cnt = group_sum(v, group_ids, num_groups)
+    rank = _rank_in_group(x, group_ids, v, num_groups)
+    half = jnp.floor(cnt / 2.0)[group_ids]
+    in_s = (rank < half) & (v > 0)
+    in_l = (~in_s) & (v > 0)
+    fs, fl = in_s.astype(jnp.float32), in_l.astype(jnp.float32)
+    r_s = safe_divide(group_sum(s * fs, group_ids, num_groups), group_sum(fs, group_ids, num_groups))[group_ids]
+    r_l = safe_divide(group_sum(s * fl, group_ids, num_groups), group_sum(fl, group_ids, num_groups))[group_ids]
+    single = cnt[group_ids] <= 1
+    r_s, r_l = jnp.where(single, 0.0, r_s), jnp.where(single, 0.0, r_l)
+    if variant == "length":
+        inter_l, inter_s = alpha * s - r_s + beta, s - alpha * r_l - beta
+    else:
+        inter_l, inter_s = s - alpha * r_s + beta, alpha * s - r_l - beta
+    adv_l = mu * inter_l + (1.0 - mu) * (s - r_l)
+    adv_s = mu * inter_s + (1.0 - mu) * (s - r_s)
+    adv = jnp.where(in_l, adv_l, adv_s) / normalizer
+    return _broadcast(adv, m, v)
+
+
+# ----------------------------------------------------------------------------------------- Stratified
+
+
+def stratified_advantages(scores: jnp.ndarray, strata: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                          num_groups: int, *, alpha: float, num_strata: int, epsilon: float = 1e-6,
+                          unbiased_std: bool = False, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Stratified GRPO: advantages normalised within structural strata, blended with the group's.
+
+    The rows of a prompt group are split by a structural property ``strata`` (the paper's
+    search agents: the number of search calls). With ``k`` the stratum of row ``i`` within its
+    group::
+
+        A^S_i = (R_i - mean_k R) / (std_k R + eps)      (stratified advantage normalisation, SAN)
+        A^G_i = (R_i - mean_g R) / (std_g R + eps)      (the usual group normalisation)
+        A_i   = alpha A^S_i + (1 - alpha) A^G_i
+
+    A one-row stratum has ``A^S = 0``; one stratum per group gives GRPO; ``alpha = 0`` gives
+    GRPO (with this std), ``alpha = 1`` pure SAN. The paper's decomposition (Prop. 1):
+    ``R_i - mean_g R = (R_i - mean_k R) + (mean_k R - mean_g R)``, the second term the
+    cross-stratum bias SAN removes.
+
+    Paper: "Stratified GRPO: Handling Structural Heterogeneity in Reinforcement Learning of LLM
+    Search Agents" (Zhu et al.), arXiv:2510.06214. No public code was found; the formulas are the
+    paper's (as quoted by reviews). ``alpha`` has no default (the paper's value was not found);
+    the population std (``unbiased_std=False``) is our reading of the paper's "unit variance
+    within each stratum".
+
+    Args:
+      scores: ``[B]``. strata: ``[B]`` int in ``[0, num_strata)``. mask, group_ids, num_groups,
+        valid: as usual. alpha: blend weight of SAN in ``[0, 1]``. num_strata: static bound.
+      epsilon: 1e-6. unbiased_std: Bessel's correction at both levels.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_static_int("num_strata", num_strata)
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    _checks.check_seq_args(s.shape[0], strata=strata)
+    _checks.check_int("strata", strata)
+    k = jnp.clip(jnp.asarray(strata, jnp.int32), 0, num_strata - 1)
+    pair = jnp.asarray(group_ids, jnp.int32) * num_strata + k
+    st_k = group_stats(s, pair, num_groups * num_strata, v, unbiased=unbiased_std)
+    a_s = jnp.where(st_k.count > 1, safe_divide(s - st_k.mean, st_k.std + epsilon), 0.0)
+    st_g = group_stats(s, group_ids, num_groups, v, unbiased=unbiased_std)
+    a_g = jnp.where(st_g.count > 1, safe_divide(s - st_g.mean, st_g.std + epsilon), 0.0)
+    return _broadcast(alpha * a_s + (1.0 - alpha) * a_g, m, v)
+
+
+# ----------------------------------------------------------------------------------------- SEED-GRPO
+
+
+def semantic_entropy(answer_ids: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                     seq_logp: jnp.ndarray | None = None, valid: jnp.ndarray | None = None
+                     ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Per-group semantic entropy of the sampled answers and its maximum, broadcast to rows.
+
+    ``SE(q) = -(1/K) sum_k log p(C_k | q)`` over the ``K`` answer clusters of the group (Kuhn et
+    al.'s Monte-Carlo estimator), with ``p(C_k | q) = |C_k| / G`` (the cluster's share of the
+    group) or, given ``seq_logp``, the cluster's share of the group's probability mass
+    ``sum_{i in C_k} exp(seq_logp_i) / sum_{i in g} exp(seq_logp_i)`` (computed in log space).
+    ``SE_max = log G`` (every answer distinct). Groups of one have ``SE = SE_max = 0``.
+
+    Args:
+      answer_ids: ``[B]`` int cluster ids in ``[0, B)``; rows with equal ids must be in the same
+        group (the loop's ``answer_ids`` input). group_ids, num_groups, valid: as usual.
+      seq_logp: optional ``[B]`` sequence log-probabilities under the sampling policy.
+
+    Returns:
+      ``(se [B], se_max [B])`` float32.
+    """
+    b = _checks._shape(answer_ids)[0] if _checks._shape(answer_ids) else 0
+    _checks.check_rank("answer_ids", answer_ids, 1)
+    _checks.check_int("answer_ids", answer_ids)
+    _checks.check_groups(group_ids, num_groups, b)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    ids = jnp.clip(jnp.asarray(answer_ids, jnp.int32), 0, b - 1)
+    cnt_g = group_sum(v, group_ids, num_groups)
+    if seq_logp is None:
+        w = v
+    else:
+        _checks.check_seq_args(b, seq_logp=seq_logp)
+        lp = jnp.where(v > 0, _checks.as_float(seq_logp), -jnp.inf)
+        mx = jax.ops.segment_max(lp, group_ids, num_groups)
+        w = jnp.where(v > 0, jnp.exp(lp - mx[group_ids]), 0.0)
+    mass_c = jax.ops.segment_sum(w, ids, b)                     # [B] by cluster id
+    mass_g = group_sum(w, group_ids, num_groups)
+    first = (v > 0) & (jax.ops.segment_min(jnp.where(v > 0, jnp.arange(b), b), ids, b)[ids] == jnp.arange(b))
+    p = safe_divide(mass_c[ids], mass_g[group_ids])            # the row's cluster probability
+    term = jnp.where(first, -jnp.log(jnp.where(first & (p > 0), p, 1.0)), 0.0)   # once per cluster
+    k = group_sum(first.astype(jnp.float32), group_ids, num_groups)
+    se = safe_divide(group_sum(term, group_ids, num_groups), k)
+    se_max = jnp.log(jnp.maximum(cnt_g, 1.0))
+    return jax.lax.stop_gradient(se[group_ids]), se_max[group_ids]
+
+
+def seed_grpo_advantages(scores: jnp.ndarray, answer_ids: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                         num_groups: int, *, alpha: float = 1.0, modulation: str = "linear", gamma: float = 2.0,
+                         seq_logp: jnp.ndarray | None = None, epsilon: float = 1e-6,
+                         valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """SEED-GRPO: GRPO advantages scaled down on prompts whose answers disagree.
+
+    ``A_i = GRPO(r)_i * f(alpha * SE(q) / SE_max(q))`` with the group's semantic entropy
+    (:func:`semantic_entropy`, ``SE_max = log G``) and a decreasing ``f`` with ``f(0) = 1``:
+    ``"linear"`` ``1 - x``, ``"exponential"`` ``exp(-x)``, ``"focal"`` ``(1 - x)^gamma``. Prompts
+    where the model is uncertain (many distinct answers) get smaller updates; unanimous groups
+    keep their advantage.
+
+    Paper: "SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization"
+    (Chen et al.), arXiv:2505.12346. The authors' code was not released; the entropy estimator,
+    ``SE_max = log G`` and the family of ``f`` are the paper's, the exact forms of ``f`` above and
+    the default ``alpha = 1`` are our reading (parameters, not constants). The cluster
+    probabilities are frequencies unless ``seq_logp`` is given.
+
+    Args:
+      scores: ``[B]``. answer_ids: ``[B]`` cluster ids (see :func:`semantic_entropy`).
+      mask, group_ids, num_groups, valid: as usual. alpha: strength in ``[0, 1]``.
+      modulation: ``"linear"``, ``"exponential"`` or ``"focal"``; gamma: the focal exponent.
+      seq_logp: optional ``[B]``, probability-weighted clusters. epsilon: GRPO's 1e-6.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_choice("modulation", modulation, ("linear", "exponential", "focal"))
+    base = grpo_advantages(scores, mask, group_ids, num_groups, epsilon=epsilon, valid=valid)
+    se, se_max = semantic_entropy(answer_ids, group_ids, num_groups, seq_logp=seq_logp, valid=valid)
+    x = jnp.clip(alpha * safe_divide(se, se_max), 0.0, 1.0)
+    if modulation == "linear":
+        f = 1.0 - x
+    elif modulation == "exponential":
+        f = jnp.exp(-x)
+    else:
+        f = (1.0 - x) ** gamma
+    return jax.lax.stop_gradient(base * f[:, None])
+
+
+# ----------------------------------------------------------------------------------------- HAPO
+
+
+def hapo_token_group_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int,
+                                *, epsilon: float = 1e-6, fallback: float = 5.0,
+                                valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """HAPO's token-level group average: group statistics over tokens, not sequences.
+
+    Every response token carries its sequence's reward; the group's mean and (population) std
+    are taken over all its tokens, ``mu_g = sum_i L_i r_i / sum_i L_i``,
+    ``sigma_g^2 = sum_i L_i (r_i - mu_g)^2 / sum_i L_i``, and ``A_i = (r_i - mu_g) / (sigma_g + eps)``:
+    long responses weigh more in the baseline. If any ``|A_i| >= fallback`` in a group (a
+    near-degenerate spread), the group falls back to ``GRPO(r)``.
+
+    Paper: "From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's
+    Nature" (HAPO), arXiv:2509.16591; formula from the authors' code (``starriver030515/HAPO``
+    @7671dde, ``compute_hapo_outcome_advantage``). Difference: the code also checks the
+    fallback on padding positions (value ``-mu_g / sigma_g``); we check response tokens only.
+    Identity: equal lengths give ``(r - mean) / pop_std``.
+
+    Args:
+      scores: ``[B]``. mask: ``[B, T]``. group_ids, num_groups, valid: as usual.
+      epsilon: 1e-6. fallback: the ``|A|`` that triggers GRPO for the group (the code's 5).
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    length = jnp.sum(m, axis=1) * v
+    tot = group_sum(length, group_ids, num_groups)
+    mu = safe_divide(group_sum(length * s, group_ids, num_groups), tot)[group_ids]
+    var = safe_divide(group_sum(length * jnp.square(s - mu), group_ids, num_groups), tot)[group_ids]
+    sigma = jnp.sqrt(jnp.maximum(var, 0.0))
+    tlga = (s - mu) / (sigma + epsilon)
+    big = group_sum(((jnp.abs(tlga) >= fallback) & (length > 0)).astype(jnp.float32), group_ids, num_groups)
+    grpo, _ = _grpo_row(s, m, group_ids, num_groups, v, epsilon=epsilon)
+    adv = jnp.where(big[group_ids] > 0, grpo, tlga)
+    return _broadcast(adv, m, v)
+
+
+# ----------------------------------------------------------------------------------------- RiskPO
+
+
+def _within_group_index(group_ids, v, num_groups):
+    """``[B]`` the index of each valid row among its group's valid rows, in row order."""
+    b = group_ids.shape[0]
+    onehot = (jnp.asarray(group_ids)[:, None] == jnp.arange(num_groups)[None]) & (v[:, None] > 0)
+    return jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, jnp.asarray(group_ids)[:, None], 1)[:, 0]
+
+
+def riskpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                      bundle_size: int = 5, alpha: float = 0.2, beta: float = 0.8, omega: float = 1.5,
+                      credit: str = "std", nonpositive: bool = True, epsilon: float = 1e-6,
+                      valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """RiskPO: Mixed Value-at-Risk advantages over bundles of questions.
+
+    Questions (groups) ``q`` are bundled ``bundle_size`` at a time by group id
+    (``bundle = group_id // bundle_size``); the ``k``-th responses of a bundle's questions form a
+    "paper" with score ``S_k = sum_q r_{q,k}`` (``k < n``, ``n`` the smallest group size of the
+    bundle; rows beyond get 0). With ``a, b`` the ``alpha``- and ``beta``-quantiles of the
+    bundle's papers (linear interpolation, as ``torch.quantile``) and ``sigma_S`` their unbiased
+    std, the likelihood-ratio weights of the range- and tail-risk measures are::
+
+        A_rv(S) = [ (S - a)^+ - (S - b)^+ - (b - a) [nonpositive] ] / (beta - alpha + eps)
+        A_cv(S) = -(a - S)^+ / (alpha + eps)
+        A_p     = (omega A_cv + A_rv) / (omega + 1) / (sigma_S + eps)
+
+    and the paper's score goes to its responses by ``credit``: ``"uniform"`` ``A_p``; ``"std"``
+    ``A_p / (sigma_q + eps)`` (``sigma_q`` the question's unbiased reward std, 1 where it is
+    <= 1e-3); ``"score"`` ``0.5 A_p`` for ``r > 0`` else ``1.5 A_p``; ``"sum_mean"``
+    ``A_p (r_{q,k} - mean r_q) / sum_{q'} (r_{q',k} - mean r_{q'})`` (``A_p / bundle`` where that
+    sum is ~0). With ``nonpositive`` every advantage is <= 0: papers at or above the
+    ``beta``-quantile get 0, the rest are pushed down.
+
+    Paper: "RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training"
+    (Ren et al.), arXiv:2510.00911. Computation from the authors' code (``RTkenny/RiskPO``
+    @65ec40c, ``compute_grpo_bundle_rvar_outcome_advantage_quantile_tracking``): the code's
+    quantile tracker never reaches the advantage (it is stored after it), so each bundle's own
+    quantiles are used, as here. Defaults: the paper's ``alpha = 0.2, beta = 0.8``, bundles of
+    5, the code's ``omega = 1.5`` and ``credit="std"`` with ``nonpositive`` (its MATH script; the
+    DAPO-math script uses ``credit="sum_mean", nonpositive=False``). Identity: one question per
+    bundle, ``omega = 0``, ``nonpositive=False``, ``alpha = 0``, ``beta = 1`` and uniform credit give
+    ``(r - min_g r) / (std_g r + eps)``.
+
+    Args:
+      scores: ``[B]``. mask, group_ids, num_groups, valid: as usual (rows of a group in any
+        order; the ``k``-th valid row of each group in row order makes paper ``k``).
+      bundle_size: questions per bundle (static). alpha, beta: quantile levels, ``0 <= alpha <
+        beta <= 1``. omega: weight of the tail (CVaR) term. credit: see above.
+      nonpositive: subtract ``b - a`` (the code's ``nb_adv``). epsilon: 1e-6.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_static_int("bundle_size", bundle_size)
+    _checks.check_choice("credit", credit, ("uniform", "std", "score", "sum_mean"))
+    if not (0.0 <= alpha < beta <= 1.0):
+        raise ValueError(f"RiskPO needs 0 <= alpha < beta <= 1, got alpha={alpha!r}, beta={beta!r}")
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    gid = jnp.asarray(group_ids, jnp.int32)
+    nb = -(-num_groups // bundle_size)
+    bundle = gid // bundle_size
+    k = _within_group_index(gid, v, num_groups)                    # paper index of each row
+    size = group_sum(v, gid, num_groups)                           # valid rows per group
+    big = jnp.max(size) + 1
+    present = size > 0
+    g_bundle = jnp.arange(num_groups) // bundle_size
+    n_b = jax.ops.segment_min(jnp.where(present, size, big), g_bundle, nb)   # papers per bundle
+    n_b = jnp.where(n_b >= big, 0, n_b).astype(jnp.int32)
+    kmax = s.shape[0]                                              # static bound on papers per bundle
+    use = (v > 0) & (k < n_b[bundle])
+    slot = bundle * kmax + jnp.clip(k, 0, kmax - 1)
+    papers = jax.ops.segment_sum(jnp.where(use, s, 0.0), slot, nb * kmax).reshape(nb, kmax)
+    col = jnp.arange(kmax)[None]
+    live = col < n_b[:, None]
+    srt = jnp.sort(jnp.where(live, papers, jnp.inf), axis=1)
+
+    def quantile(q):
+        pos = q * jnp.maximum(n_b - 1, 0).astype(jnp.float32)
+        lo = jnp.floor(pos).astype(jnp.int32)
+        hi = jnp.minimum(lo + 1, jnp.maximum(n_b - 1, 0))
+        frac = pos - lo
+        x_lo = jnp.take_along_axis(srt, lo[:, None], 1)[:, 0]
+        x_hi = jnp.take_along_axis(srt, hi[:, None], 1)[:, 0]
+        return jnp.where(n_b > 0, x_lo + frac * (x_hi - x_lo), 0.0)
+
+    a_q, b_q = quantile(alpha), quantile(beta)
+    cnt = jnp.maximum(n_b, 1).astype(jnp.float32)
+    mean_p = jnp.sum(jnp.where(live, papers, 0.0), 1) / cnt
+    var_p = jnp.sum(jnp.where(live, jnp.square(papers - mean_p[:, None]), 0.0), 1) / jnp.maximum(cnt - 1.0, 1.0)
+    sd_p = jnp.where(n_b > 1, jnp.sqrt(var_p), 1.0)
+    a_r, b_r = a_q[:, None], b_q[:, None]
+    a_rv = jnp.maximum(papers - a_r, 0.0) - jnp.maximum(papers - b_r, 0.0)
+    if nonpositive:
+        a_rv = a_rv + (a_r - b_r)
+    a_rv = a_rv / (beta - alpha + epsilon)
+    a_cv = -jnp.maximum(a_r - papers, 0.0) / (alpha + epsilon)
+    a_p = (omega * a_cv + a_rv) / (omega + 1.0) / (sd_p[:, None] + epsilon)
+    a_p = jnp.where(live, a_p, 0.0)
+    row_ap = jnp.where(use, a_p.reshape(-1)[slot], 0.0)
+    if credit == "uniform":
+        adv = row_ap
+    elif credit == "score":
+        adv = jnp.where(s > 0, 0.5, 1.5) * row_ap
+    else:
+        st = group_stats(s, gid, num_groups, v)
+        if credit == "std":
+            sd = jnp.where(st.std <= 1e-3, 1.0, st.std)
+            adv = row_ap / (sd + epsilon)
+        else:  # sum_mean
+            dev = jnp.where(use, s - st.mean, 0.0)
+            tot = jax.ops.segment_sum(dev, slot, nb * kmax)[slot]
+            adv = jnp.where(jnp.abs(tot) > 1e-6, row_ap * safe_divide(dev, tot), row_ap / bundle_size)
+    adv = jnp.where(use, adv, 0.0)
+    return _broadcast(adv, m, v)
+
+
+# ----------------------------------------------------------------------------------------- ADORA
+
+
+def adora_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                     lam: float = 0.1, correct_threshold: float = 0.5, length_threshold: float | None = None,
+                     epsilon: float = 1e-6, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """ADORA (length criterion): GRPO advantages down-weighted on groups that favour brevity.
+
+    Per group, with ``POS`` the rows scoring above ``correct_threshold`` and ``NEG`` the others
+    shorter than ``length_threshold`` (truncated responses excluded): the group is "temporarily
+    advantageous" when its longest correct response is longer than its average wrong one,
+    ``max_POS L > mean_NEG L``; then ``w_g = 1``, else ``w_g = lam``, and ``A_i = w_g GRPO(r)_i``
+    (a one-sample group keeps its raw score, as in the code). A group without a correct
+    response gets ``lam``, one without an eligible wrong response 1 (the LLM code's edge cases).
+
+    Paper: "ADORA: Training Reasoning Models with Dynamic Advantage Estimation on Reinforcement
+    Learning" (Gui and Ren); formula from the authors' code (``ShadeCloak/ADORA`` @c518485,
+    ``compute_grpo_outcome_advantage_ADORA``), the only criterion it ships (the paper's difficulty
+    criterion is left to user weight functions). Defaults: ``lam = 0.1`` (the code's); the
+    correctness threshold is 0.5 for 0/1 rewards (the Logic-RL script uses 1.01 on its +3/-x
+    rewards); ``length_threshold=None`` excludes nothing (the script's 3900 tokens is a
+    truncation cut-off: set it just below the sampling budget). Identity: ``lam = 1`` is GRPO.
+
+    Args:
+      scores: ``[B]``. mask: ``[B, T]`` (lengths). group_ids, num_groups, valid: as usual.
+      lam: weight of non-advantageous groups. correct_threshold: ``r > threshold`` is correct.
+      length_threshold: wrong responses at or above this length are excluded. epsilon: 1e-6.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    length = jnp.sum(m, axis=1)
+    pos = (s > correct_threshold) & (v > 0)
+    neg = (s <= correct_threshold) & (v > 0)
+    if length_threshold is not None:
+        neg = neg & (length < length_threshold)
+    max_pos = jax.ops.segment_max(jnp.where(pos, length, -jnp.inf), group_ids, num_groups)
+    fneg = neg.astype(jnp.float32)
+    n_neg = group_sum(fneg, group_ids, num_groups)
+    mean_neg = jnp.where(n_neg > 0, safe_divide(group_sum(length * fneg, group_ids, num_groups), n_neg), -jnp.inf)
+    w = jnp.where(max_pos > mean_neg, 1.0, lam)[group_ids]
+    a, _ = _grpo_row(s, m, group_ids, num_groups, v, epsilon=epsilon)
+    return _broadcast(w * a, m, v)
+
+
+# ----------------------------------------------------------------------------------------- LOOP
+
+
+def drop_small_advantages(advantages: jnp.ndarray, mask: jnp.ndarray, threshold: float) -> jnp.ndarray:
+    """Advantages with ``|A| < threshold`` set to 0 (those tokens or rollouts carry no update):
+    LOOP's rollout filter (``abs_adv_threshold`` 0.01), which the paper applies to whole rollouts
+    of constant advantage.
+
+    Paper: "Reinforcement Learning for Long-Horizon Interactive LLM Agents" (LOOP, Chen et al.),
+    arXiv:2502.01600; ``apple/ml-loop`` @6ade7b9 ``_filter_rollouts``. The code removes the
+    rollouts and divides the loss by the constant mini-batch size, which equals keeping them with
+    advantage 0 under ``seq-mean-token-mean`` over all rows.
+
+    Args:
+      advantages: ``[B, T]``. mask: ``[B, T]``. threshold: >= 0.
+
+    Returns:
+      ``[B, T]`` float32, zero outside the mask.
+    """
+    _checks.check_token_args(advantages=advantages, mask=mask)
+    _checks.check_positive("threshold", threshold, allow_zero=True)
+    a = _checks.as_float(advantages)
+    m = _checks.as_mask(mask)
+    return jax.lax.stop_gradient(jnp.where(jnp.abs(a) < threshold, 0.0, a) * m)

@@ -1,0 +1,274 @@
+"""The papers' group estimators (jaxrl_llm.core.group_advantages): hand-computed values (the
+worked examples of the methods' sources, recomputed by hand), the papers' identities and limit
+cases, invalid rows == filtered rows, zero outside the mask. (jit == eager, vmap, bf16 and
+all-masked batches: tests/core/test_battery.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import jaxrl_llm.core as C
+
+# two groups of four: A = [1, 0, 0, 1], B = [1, 1, 1, 0]
+S = np.array([1, 0, 0, 1, 1, 1, 1, 0], np.float32)
+GID = np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int32)
+M = np.ones((8, 3), np.float32)
+LEN = np.array([3, 5, 2, 4, 2, 2, 3, 6], np.float32)
+MLEN = (np.arange(6)[None] < LEN[:, None]).astype(np.float32)
+
+
+def rows(a):
+    """The per-row value of a broadcast [B, T] advantage (its first token)."""
+    return np.asarray(a)[:, 0]
+
+
+def close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+# ------------------------------------------------------------------------------------------- A-GRAE
+
+
+def test_agrae_hand_values():
+    # GRPO: A = +-0.8660 (p = 0.5), B = [.5, .5, .5, -1.5] (p = 0.75); p_bar = 0.625
+    # A: A_diff = 0.5 * 0.866 / sqrt(.5) = 0.6124, A_easy = 0.5 * 0.866 / (1 - sqrt(.5)) = 1.4784,
+    #    mix 0.375 * 1.4784 + 0.625 * 0.6124 = 0.9371; positives x min(1, 0.625)
+    a = rows(C.agrae_advantages(S, M, GID, 2))
+    g = 0.5 * 0.8660254 / np.array([np.sqrt(.5), 1 - np.sqrt(.5)])
+    mix_a = 0.375 * g[1] + 0.625 * g[0]
+    gb = np.array([0.5, -1.5])
+    mix_b = 0.375 * 0.5 * gb / (1 - np.sqrt(.75)) + 0.625 * 0.5 * gb / np.sqrt(.75)
+    close(a, [0.625 * mix_a, -mix_a, -mix_a, 0.625 * mix_a, *(0.625 * mix_b[0],) * 3, mix_b[1]], 1e-4)
+    close(a[:4], [0.5857, -0.9371, -0.9371, 0.5857], 1e-4)
+    close(a[4:], [0.5501, 0.5501, 0.5501, -2.6405], 1e-4)
+
+
+def test_agrae_identities():
+    # p_q = 1/4 everywhere: sqrt p = 1/2 so A_diff = A_easy = GRPO, positives scaled by min(1, p_bar / alpha_s)
+    s = np.array([1, 0, 0, 0, 0, 1, 0, 0], np.float32)
+    grpo = rows(C.grpo_advantages(s, M, GID, 2))
+    a = rows(C.agrae_advantages(s, M, GID, 2))
+    close(a, np.where(grpo > 0, 0.25 * grpo, grpo), 1e-5)
+    close(rows(C.agrae_advantages(s, M, GID, 2, alpha_s=0.25)), grpo, 1e-5)  # p_bar >= alpha_s: no damping
+    # one-sample groups and constant groups get 0
+    assert np.all(rows(C.agrae_advantages(np.array([1., 0.]), np.ones((2, 2)), np.array([0, 1]), 2)) == 0)
+
+
+# ------------------------------------------------------------------------------------------- CANON
+
+
+@pytest.mark.parametrize("mu,want_b", [(1.0, [0.5, 0.5, 0.0, -1.0]), (0.5, [0.25, 0.25, 0.25, -0.75]),
+                                       (0.0, [0.0, 0.0, 0.5, -0.5])])
+def test_canon_hand_values(mu, want_b):
+    # A: lengths [3, 5, 2, 4] -> S = {rows 2, 0} (R_S = .5), L = {3, 1} (R_L = .5): +-0.5 for every mu
+    # B: lengths [2, 2, 3, 6] -> S = {4, 5} (R_S = 1), L = {6, 7} (R_L = 0.5)
+    a = rows(C.canon_advantages(S, LEN, M, GID, 2, mu=mu))
+    close(a, [0.5, -0.5, -0.5, 0.5] + want_b)
+
+
+@given(st.lists(st.integers(0, 3), min_size=8, max_size=8), st.lists(st.integers(1, 9), min_size=8, max_size=8))
+def test_canon_half_mu_is_dr_grpo_for_even_groups(r, lengths):
+    s = np.asarray(r, np.float32)
+    a = C.canon_advantages(s, np.asarray(lengths, np.float32), M, GID, 2, mu=0.5)
+    close(a, C.dr_grpo_advantages(s, M, GID, 2), 1e-5)
+
+
+def test_canon_odd_group_is_not_dr_grpo_and_variants_and_normalizer():
+    s, m, g = np.array([1, 0, 0], np.float32), np.ones((3, 2)), np.zeros(3, np.int32)
+    close(rows(C.canon_advantages(s, np.array([1., 2, 3]), m, g, 1, mu=0.5)), [0.5, -0.5, -0.5])  # paper: even G only
+    # the entropy variant moves alpha: equal at alpha = 1, different otherwise
+    close(C.canon_advantages(S, LEN, M, GID, 2, variant="entropy"), C.canon_advantages(S, LEN, M, GID, 2))
+    a_len = rows(C.canon_advantages(S, LEN, M, GID, 2, alpha=2.0))
+    a_ent = rows(C.canon_advantages(S, LEN, M, GID, 2, alpha=2.0, variant="entropy"))
+    close(a_len[6], 2 * 1 - 1.0)   # row 6 in L: alpha r - R_S
+    close(a_ent[6], 1 - 2 * 1.0)   # entropy variant: r - alpha R_S
+    close(C.canon_advantages(S, LEN, M, GID, 2, normalizer=4.0), C.canon_advantages(S, LEN, M, GID, 2) / 4)
+
+
+def test_canon_ties_keep_row_order_and_singletons():
+    s, g = np.array([0, 1, 1, 0], np.float32), np.zeros(4, np.int32)
+    # all lengths equal: S = rows {0, 1} (R_S = .5), L = {2, 3} (R_L = .5)
+    close(rows(C.canon_advantages(s, np.ones(4), np.ones((4, 1)), g, 1)), [-0.5, 0.5, 0.5, -0.5])
+    # one-sample group: R_S = R_L = 0, the row is in L: mu (alpha r + beta) + (1 - mu) r
+    close(rows(C.canon_advantages(np.array([0.7]), np.ones(1), np.ones((1, 1)), np.zeros(1, np.int32), 1,
+                                  mu=0.3, beta=0.1)), [0.3 * 0.8 + 0.7 * 0.7])
+
+
+# ------------------------------------------------------------------------------------------- Stratified
+
+
+def test_stratified_hand_values_and_identities():
+    st_ = np.array([0, 0, 0, 1, 0, 0, 0, 0], np.int32)
+    # group A, strata {0,1,2} (r = 1,0,0: mean 1/3, pop std .4714) and {3} (alone: 0); global pop std 0.5
+    a = rows(C.stratified_advantages(S, st_, M, GID, 2, alpha=0.5, num_strata=2))
+    close(a[:4], [0.5 * 1.4142 + 0.5 * 1, 0.5 * -0.7071 - 0.5, 0.5 * -0.7071 - 0.5, 0.5], 1e-4)
+    # one stratum per group: SAN = global = (r - mean) / pop std for any alpha
+    one = rows(C.stratified_advantages(S, np.zeros(8, np.int32), M, GID, 2, alpha=0.7, num_strata=1))
+    pop = rows(C.grpo_advantages(S, M, GID, 2, unbiased_std=False))
+    close(one, pop, 1e-5)
+    # alpha = 0 is GRPO with this std whatever the strata; strata constant within a stratum give 0
+    close(C.stratified_advantages(S, st_, M, GID, 2, alpha=0.0, num_strata=2), C.grpo_advantages(
+        S, M, GID, 2, unbiased_std=False), 1e-5)
+    split = np.array([0, 1, 1, 0, 0, 0, 0, 0], np.int32)  # A's strata {1, 1} and {0, 0}: each constant
+    close(rows(C.stratified_advantages(S, split, M, GID, 2, alpha=1.0, num_strata=2))[:4], [0, 0, 0, 0])
+
+
+# ------------------------------------------------------------------------------------------- SEED-GRPO
+
+
+def test_semantic_entropy_and_seed_grpo_hand_values():
+    ans = np.array([0, 1, 2, 0, 4, 4, 4, 7], np.int32)  # A: {4, 7, 9, 4} -> 3 clusters; B: {2, 2, 2, 5} -> 2
+    se, se_max = C.semantic_entropy(ans, GID, 2)
+    close(se[:4], -(np.log(.5) + 2 * np.log(.25)) / 3)   # 1.1552
+    close(se[4:], -(np.log(.75) + np.log(.25)) / 2)      # 0.8370
+    close(se_max, np.log(4))
+    a = rows(C.seed_grpo_advantages(S, ans, M, GID, 2))
+    grpo = rows(C.grpo_advantages(S, M, GID, 2))
+    close(a, grpo * (1 - np.asarray(se) / np.log(4)), 1e-5)
+    close(a[0], 0.8660254 * (1 - 1.1552453 / 1.3862944), 1e-5)  # 0.1443
+    e = rows(C.seed_grpo_advantages(S, ans, M, GID, 2, modulation="exponential", alpha=0.5))
+    close(e, grpo * np.exp(-0.5 * np.asarray(se) / np.log(4)), 1e-5)
+    f = rows(C.seed_grpo_advantages(S, ans, M, GID, 2, modulation="focal", gamma=2.0))
+    close(f, grpo * (1 - np.asarray(se) / np.log(4)) ** 2, 1e-5)
+
+
+def test_seed_grpo_identities():
+    ans = np.array([0, 1, 2, 3, 4, 5, 6, 7], np.int32)  # all distinct: SE = SE_max, linear f = 0
+    close(C.seed_grpo_advantages(S, ans, M, GID, 2), np.zeros((8, 3)))
+    close(C.seed_grpo_advantages(S, ans, M, GID, 2, alpha=0.0), C.grpo_advantages(S, M, GID, 2))
+    same = np.array([0, 0, 0, 0, 4, 4, 4, 4], np.int32)  # one cluster: SE = 0, unchanged
+    close(C.seed_grpo_advantages(S, same, M, GID, 2), C.grpo_advantages(S, M, GID, 2))
+    # probability-weighted clusters: equal sequence log-probs are the frequencies
+    se_f, _ = C.semantic_entropy(np.array([0, 1, 2, 0, 4, 4, 4, 7]), GID, 2)
+    se_p, _ = C.semantic_entropy(np.array([0, 1, 2, 0, 4, 4, 4, 7]), GID, 2, seq_logp=np.full(8, -30.0))
+    close(se_f, se_p, 1e-5)
+    se_w, _ = C.semantic_entropy(np.array([0, 1, 2, 0, 4, 4, 4, 7]), GID, 2,
+                                 seq_logp=np.log(np.array([.4, .1, .1, .4, .2, .2, .2, .4])))
+    close(se_w[4:], -(np.log(.6) + np.log(.4)) / 2, 1e-5)
+
+
+# ------------------------------------------------------------------------------------------- HAPO (TLGA)
+
+
+def test_hapo_token_group_average_hand_values():
+    a = rows(C.hapo_token_group_advantages(S, MLEN, GID, 2))
+    # A: token-weighted mean (3 + 4) / 14 = .5, pop std .5 -> +-1; B: mu = 7/13, sigma = .4985
+    mu, sd = 7 / 13, np.sqrt((7 * (6 / 13) ** 2 + 6 * (7 / 13) ** 2) / 13)
+    close(a, [1, -1, -1, 1, *((1 - mu) / sd,) * 3, -mu / sd], 1e-5)
+    close(a[4:], [0.9258, 0.9258, 0.9258, -1.0801], 1e-4)
+    # equal lengths: (r - mean) / population std; zero outside the response
+    close(C.hapo_token_group_advantages(S, M, GID, 2), C.grpo_advantages(S, M, GID, 2, unbiased_std=False), 1e-5)
+    assert np.all(np.asarray(C.hapo_token_group_advantages(S, MLEN, GID, 2))[MLEN == 0] == 0)
+
+
+def test_hapo_fallback_to_grpo():
+    # one long correct response among short wrong ones: |A| >= 5 somewhere -> GRPO for that group
+    s = np.array([1, 0, 0, 0, 0, 0, 0, 0], np.float32)
+    m = np.zeros((8, 40), np.float32)
+    m[0, :1] = 1
+    m[1:, :40] = 1
+    a = C.hapo_token_group_advantages(s, m, np.zeros(8, np.int32), 1)
+    close(a, C.grpo_advantages(s, m, np.zeros(8, np.int32), 1), 1e-6)
+    no_fb = C.hapo_token_group_advantages(s, m, np.zeros(8, np.int32), 1, fallback=1e9)
+    assert float(np.asarray(no_fb)[0, 0]) > 5
+
+
+# ------------------------------------------------------------------------------------------- RiskPO
+
+
+def test_riskpo_hand_values():
+    # one bundle of two questions; papers S = [2, 1, 1, 1]; a = 1, b = 1.4 (0.8 * 3 = 2.4 -> 1 + .4 * 1), sigma_S .5
+    # A_rv = (S - a)+ - (S - b)+ - (b - a) over 0.6 = [0, -.6667, ...]; A_cv = 0; / (1 + 1.5) / .5
+    a = rows(C.riskpo_advantages(S, M, GID, 2, bundle_size=2))
+    per_paper = np.array([0, -0.4 / 0.6, -0.4 / 0.6, -0.4 / 0.6]) / 2.5 / 0.5
+    sd_a, sd_b = np.std([1, 0, 0, 1], ddof=1), np.std([1, 1, 1, 0], ddof=1)
+    close(a, np.concatenate([per_paper / sd_a, per_paper / sd_b]), 1e-4)
+    close(a, [0, -0.9238, -0.9238, -0.9238, 0, -1.0667, -1.0667, -1.0667], 1e-4)
+    # the DAPO-math script: nonpositive off, sum_mean credit: A_p = [0.5333, 0, 0, 0] split by deviations (.5, .25)
+    b = rows(C.riskpo_advantages(S, M, GID, 2, bundle_size=2, credit="sum_mean", nonpositive=False))
+    close(b, [0.5333 * 0.5 / 0.75, 0, 0, 0, 0.5333 * 0.25 / 0.75, 0, 0, 0], 1e-4)
+
+
+def test_riskpo_identity_and_properties():
+    s = np.array([0.2, 0.9, 0.5, 0.1, 1.0, 0.0, 0.3, 0.3], np.float32)
+    a = rows(C.riskpo_advantages(s, M, GID, 2, bundle_size=1, omega=0.0, nonpositive=False, alpha=0.0, beta=1.0,
+                                 credit="uniform"))
+    want = np.concatenate([(g - g.min()) / (np.std(g, ddof=1) + 1e-6) for g in (s[:4], s[4:])])
+    close(a, want, 1e-4)
+    # nonpositive: every advantage <= 0; a bundle of equal papers gives 0
+    assert np.all(rows(C.riskpo_advantages(s, M, GID, 2, bundle_size=2)) <= 1e-7)
+    close(C.riskpo_advantages(np.ones(8, np.float32), M, GID, 2, bundle_size=2), np.zeros((8, 3)))
+    with pytest.raises(ValueError, match="0 <= alpha < beta <= 1"):
+        C.riskpo_advantages(s, M, GID, 2, alpha=0.9, beta=0.5)
+
+
+def test_riskpo_row_order_within_groups_does_not_matter_between_groups():
+    perm = np.array([4, 0, 5, 1, 6, 2, 7, 3])  # interleave the groups, keeping each group's row order
+    a = np.asarray(C.riskpo_advantages(S, M, GID, 2, bundle_size=2))
+    b = np.asarray(C.riskpo_advantages(S[perm], M, GID[perm], 2, bundle_size=2))
+    close(b, a[perm])
+
+
+# ------------------------------------------------------------------------------------------- ADORA, LOOP
+
+
+def test_adora_hand_values_and_identity():
+    # A: correct lengths {3, 4} -> max 4 > mean wrong (5 + 2) / 2 = 3.5: weight 1
+    # B: correct {2, 2, 3} -> 3 < wrong 6: weight 0.1
+    a = rows(C.adora_advantages(S, MLEN, GID, 2))
+    close(a, [0.8660, -0.8660, -0.8660, 0.8660, 0.05, 0.05, 0.05, -0.15], 1e-4)
+    close(C.adora_advantages(S, MLEN, GID, 2, lam=1.0), C.grpo_advantages(S, MLEN, GID, 2), 1e-6)
+    # the truncated wrong response (length 6 >= 6) is excluded: no eligible wrong answer -> weight 1
+    close(rows(C.adora_advantages(S, MLEN, GID, 2, length_threshold=6))[4:], [0.5, 0.5, 0.5, -1.5], 1e-4)
+    # no correct response: lam (all zero anyway for a constant group; here non-binary scores)
+    s = np.array([0.1, 0.3, 0.2, 0.4, 1, 1, 1, 0], np.float32)
+    close(rows(C.adora_advantages(s, MLEN, GID, 2))[:4], 0.1 * rows(C.grpo_advantages(s, MLEN, GID, 2))[:4], 1e-5)
+
+
+def test_drop_small_advantages_is_loop_with_rloo():
+    s = np.array([1, 0, 0, 1, 0.001, 0, 0, 0], np.float32)
+    rl = C.rloo_advantages(s, M, GID, 2)
+    out = rows(C.drop_small_advantages(rl, M, 0.01))
+    close(out[:4], [2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert np.all(out[4:] == 0)  # |A| = 0.00133 < 0.01: dropped
+
+
+# ------------------------------------------------------------------------------------------- shared properties
+
+CASES = {
+    "agrae": lambda s, m, v: C.agrae_advantages(s, m, GID, 2, valid=v),
+    "canon": lambda s, m, v: C.canon_advantages(s, LEN, m, GID, 2, mu=0.3, valid=v),
+    "stratified": lambda s, m, v: C.stratified_advantages(s, np.array([0, 1, 0, 1, 1, 0, 0, 1]), m, GID, 2,
+                                                          alpha=0.4, num_strata=2, valid=v),
+    "seed_grpo": lambda s, m, v: C.seed_grpo_advantages(s, np.array([0, 0, 2, 3, 4, 4, 6, 4]), m, GID, 2, valid=v),
+    "hapo": lambda s, m, v: C.hapo_token_group_advantages(s, m, GID, 2, valid=v),
+    "riskpo": lambda s, m, v: C.riskpo_advantages(s, m, GID, 2, bundle_size=2, valid=v),
+    "adora": lambda s, m, v: C.adora_advantages(s, m, GID, 2, valid=v),
+}
+SCORES = np.array([0.3, 1, 0, 0.8, 1, 0.2, 0.6, 0], np.float32)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_invalid_rows_are_filtered_rows(name):
+    """A row marked invalid changes nothing else and gets 0: the same as removing it (its value
+    under the mask is garbage). RiskPO's papers are positional, so the last row of a group is
+    the one removed."""
+    fn = CASES[name]
+    v = np.ones(8, bool)
+    v[7] = False
+    garbage = SCORES.copy()
+    garbage[7] = 1e6
+    a = np.asarray(fn(garbage, MLEN, v))
+    assert np.all(a[7] == 0) and np.all(np.isfinite(a))
+    b = np.asarray(fn(SCORES, MLEN, v))
+    close(a, b)
+    # outside the response mask: zero
+    assert np.all(a[MLEN == 0] == 0)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_gradient_flows_to_the_scores(name):
+    g = jax.grad(lambda s: jnp.sum(CASES[name](s, MLEN, None)))(jnp.asarray(SCORES))
+    assert np.all(np.asarray(g) == 0)

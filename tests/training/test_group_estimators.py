@@ -1,0 +1,88 @@
+"""The papers' group estimators in the loop: answer clusterers and the ``answer_ids`` input, each
+estimator's registry entry against its core function, and a 2-step run of each through
+:class:`RLTrainer` on the toy task (tests/training/test_rl_recipes_extra.py)."""
+
+import numpy as np
+import pytest
+
+import jaxrl_llm.core as core
+from jaxrl_llm.algorithms import CLUSTERERS, ESTIMATORS, EstimatorInputs, RegistryError, answer_key, cluster_ids
+from jaxrl_llm.training import recipe
+from test_rl_recipes_extra import make, target_frac
+
+NEW = ["agrae", "canon", "canon_entropy", "stratified", "seed_grpo", "hapo", "riskpo", "adora", "loop"]
+
+
+def test_answer_keys_and_cluster_ids():
+    assert answer_key("3") == answer_key("3.0") == answer_key("+3") == answer_key(" $3$ ")
+    assert answer_key("1,234") == answer_key("1234") and answer_key("x + 1") == answer_key("X+1")
+    assert answer_key(None) is None and answer_key("3") != answer_key("4")
+    keys = CLUSTERERS["answer"].fn(["so \\boxed{4}", "4.0", "the answer is 5", "no idea", "#### 4", "nothing"])
+    assert keys[0] == keys[1] == keys[4] and keys[2] != keys[0] and keys[3] is None and keys[5] is None
+    ids = cluster_ids(keys, [0, 0, 0, 0, 1, 1])
+    # same key in another group is another cluster; None is a cluster of its own
+    assert list(ids) == [0, 0, 1, 2, 3, 4]
+    assert CLUSTERERS["text"].fn(["a  b", "a b", "ab"]) == ["a b", "a b", "ab"]
+
+
+def test_estimator_entries_call_their_core_functions():
+    rng = np.random.default_rng(0)
+    n, t, g = 8, 5, 2
+    gid = np.repeat(np.arange(g), 4).astype(np.int32)
+    mask = (np.arange(t)[None] < rng.integers(1, t + 1, n)[:, None])
+    x = {"scores": rng.integers(0, 2, n).astype(np.float32), "mask": mask, "group_ids": gid,
+         "old_entropy": rng.uniform(0, 2, (n, t)).astype(np.float32),
+         "component_scores": rng.integers(0, 3, (n, 2)).astype(np.float32),
+         "answer_ids": np.array([0, 1, 0, 1, 4, 4, 4, 5], np.int32)}
+
+    def run(name, **kw):
+        part = ESTIMATORS[name]
+        return np.asarray(part.fn(EstimatorInputs(x, g, allowed=part.requires), **kw).advantages)
+
+    L = mask.sum(1).astype(np.float32)
+    np.testing.assert_array_equal(run("agrae"), core.agrae_advantages(x["scores"], mask, gid, g))
+    np.testing.assert_array_equal(run("canon", mu=0.5), core.canon_advantages(x["scores"], L, mask, gid, g, mu=0.5))
+    ent = (x["old_entropy"] * mask).sum(1) / mask.sum(1)
+    np.testing.assert_allclose(run("canon_entropy"), core.canon_advantages(x["scores"], ent, mask, gid, g,
+                                                                             variant="entropy"), atol=1e-6)
+    np.testing.assert_array_equal(run("stratified", alpha=0.5, stratum_index=1), core.stratified_advantages(
+        x["scores"], x["component_scores"][:, 1].astype(np.int32), mask, gid, g, alpha=0.5, num_strata=16))
+    np.testing.assert_array_equal(run("seed_grpo"), core.seed_grpo_advantages(x["scores"], x["answer_ids"], mask, gid, g))
+    np.testing.assert_array_equal(run("hapo"), core.hapo_token_group_advantages(x["scores"], mask, gid, g))
+    np.testing.assert_array_equal(run("riskpo", bundle_size=2), core.riskpo_advantages(x["scores"], mask, gid, g,
+                                                                                        bundle_size=2))
+    np.testing.assert_array_equal(run("adora"), core.adora_advantages(x["scores"], mask, gid, g))
+    want = core.drop_small_advantages(core.rloo_advantages(x["scores"], mask, gid, g, singleton="zero"), mask, 0.01)
+    np.testing.assert_array_equal(run("loop"), want)
+    with pytest.raises(ValueError, match="stratum_index=2 but the run has 2 reward functions"):
+        run("stratified", alpha=0.5, stratum_index=2)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(RegistryError, match="recipe.advantage=stratified: argument 'alpha' has no default"):
+        recipe("grpo", num_samples=4, advantage="stratified")
+    with pytest.raises(RegistryError, match="recipe.clusterer: unknown answer clusterer 'words'"):
+        recipe("grpo", num_samples=4, advantage="seed_grpo", clusterer="words")
+    with pytest.raises(RegistryError, match="recipe.advantage=canon .*normalizer"):
+        recipe("grpo", num_samples=4, advantage={"name": "canon", "normalizer": 0.0})
+    assert "answer_ids" in recipe("grpo", num_samples=4, advantage="seed_grpo").requires
+    assert "old_entropy" in recipe("grpo", num_samples=4, advantage="canon_entropy").requires
+
+
+ARGS = {"stratified": {"alpha": 0.5}, "riskpo": {"bundle_size": 2}}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_two_steps_through_the_trainer(name):
+    """Each estimator runs in the loop: finite metrics, the providers it needs ran, and the
+    advantages in the batch are the estimator's."""
+    tr = make("grpo", g=4, advantage={"name": name, **ARGS.get(name, {})}, reward=[target_frac])
+    h = [tr.step() for _ in range(2)]
+    for m in h:
+        assert all(np.isfinite(v) for v in m.values() if isinstance(v, float)), name
+    b = tr.last_batch
+    if "answer_ids" in tr.recipe.requires:
+        assert "answer_ids" in b and h[-1]["answers/clusters_per_group"] >= 1
+    if "old_entropy" in tr.recipe.requires:
+        assert h[-1]["old_entropy/mean"] > 0
+    assert np.all(np.isfinite(b["advantages"])) and not np.any(b["advantages"][~b["loss_mask"]])
