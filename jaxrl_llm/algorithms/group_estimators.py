@@ -118,7 +118,7 @@ def riskpo(x, *, bundle_size: int = 5, alpha: float = 0.2, beta: float = 0.8, om
 
 
 @register_estimator("adora", paper="ADORA: Training Reasoning Models with Dynamic Advantage Estimation on "
-                                   "Reinforcement Learning (Gui and Ren, 2025)",
+                                   "Reinforcement Learning, Gui and Ren (2025)",
                     core=("adora_advantages",), group_relative=True, methods=(12,), tests=_T,
                     verified="hand values, paper identity (lam = 1: GRPO)",
                     note="the length criterion of the authors' code; correct = score > correct_threshold")
