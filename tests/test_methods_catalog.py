@@ -53,7 +53,8 @@ def _needs(name: str, registry) -> dict:
     """Arguments a part cannot do without (those without a default)."""
     fn = registry[name].fn
     params = inspect.signature(fn).parameters
-    return {k: 0.5 for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and k != "key"}
+    return {k: 0.5 for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and k != "key"
+            and k not in registry[name].requires}
 
 
 @pytest.mark.parametrize("name", ESTIMATORS.names())
@@ -82,7 +83,8 @@ def test_every_other_part_is_selectable():
     for name in REJECTIONS.names():
         assert (recipe("grpo", num_samples=4, rejection=name, old_logp="recompute").rejection is None) == (name == "none")
     for name in SHAPING.names():
-        assert [p.name for p in recipe("grpo", num_samples=4, shaping=name).shaping] == ([] if name == "none" else [name])
+        rec = recipe("grpo", num_samples=4, shaping={"name": name, **{k: "x" for k in _needs(name, SHAPING)}})
+        assert [p.name for p in rec.shaping] == ([] if name == "none" else [name])
     for name in GROUP_FILTERS.names():
         assert recipe("grpo", num_samples=4, group_filter=name).group_filter.max_rounds == (1 if name == "none" else 10)
     for name in BATCH_FILTERS.names():

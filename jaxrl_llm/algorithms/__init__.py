@@ -11,6 +11,7 @@ up here once, where the config is resolved. ``jaxrl-llm methods`` lists them all
 from jaxrl_llm.algorithms import answers, estimators, losses, preference, registry, sampling
 from jaxrl_llm.algorithms import agent_estimators  # noqa: F401  (registers the turn-level estimators)
 from jaxrl_llm.algorithms import group_estimators  # noqa: F401  (registers the papers' group estimators)
+from jaxrl_llm.algorithms import reward_designs  # noqa: F401  (registers the papers' reward designs)
 from jaxrl_llm.algorithms.answers import *  # noqa: F401,F403
 from jaxrl_llm.algorithms.estimators import *  # noqa: F401,F403
 from jaxrl_llm.algorithms.losses import *  # noqa: F401,F403

@@ -88,6 +88,50 @@ for _part in (
 ):
     SURROGATES.register(_part)
 
+# the seed papers' surrogates (jaxrl_llm.core.batch_losses); "coupled": a loss over the whole
+# mini-batch (the train step's two-pass form), reading the columns in ``requires``
+_TB = "tests/core/test_batch_losses.py, tests/training/test_paper_losses.py"
+_GROUP_COLS = frozenset({"scores", "group_ids"})
+for _part in (
+    Part("bapo", core.bapo_loss, paper="BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced "
+                                       "Policy Optimization with Adaptive Clipping (Xi et al.), arXiv:2510.18927",
+         core=("bapo_loss", "bapo_bounds"), methods=(61,), verified="hand values, paper identity", tests=_TB,
+         flags=(("coupled", True),),
+         note="bounds searched per mini-batch (paper: upper first, share 0.4; order=low_first target_kind=ratio "
+              "target=1 low_max=0.8 low_step=0.05 high_max=2.0: the released config); useful with several "
+              "mini-batches per rollout (off-policy), on-policy the ratio is 1 and no bound matters"),
+    Part("disco", core.disco_loss, paper="DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained "
+                                         "Optimization (Li et al.), arXiv:2505.12366",
+         core=("disco_loss",), requires=_GROUP_COLS, methods=(140,), verified="hand values, paper identity",
+         tests=_TB, flags=(("coupled", True),),
+         note="binary scores (1 positive, 0 negative); ignores the advantages; objective=disco_b for the "
+              "mean-difference form, score=Lratio for the ratio score"),
+    Part("drpo", core.drpo_loss, paper="DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization, "
+                                       "arXiv:2510.04474",
+         core=("drpo_loss",), requires=_GROUP_COLS, methods=(162,), verified="hand values, paper identity", tests=_TB,
+         flags=(("coupled", True),), note="DisCO-logL with length weights exp((1 - L/L_max)/lam) among the correct"),
+    Part("thinkless", core.thinkless_loss, paper="Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
+         core=("thinkless_loss",), methods=(136,), verified="hand values", tests=_TB, flags=(("coupled", True),),
+         note="the first response token (the mode-control token) weighted alpha and averaged separately; with "
+              "recipe.shaping=thinkless for the mode-dependent reward"),
+    Part("p3o", core.p3o_loss, paper="Pairwise Proximal Policy Optimization: Harnessing Relative Feedback for LLM "
+                                     "Alignment (Wu et al.), arXiv:2310.00212",
+         core=("p3o_loss",), requires=_GROUP_COLS, methods=(82,), verified="hand values, paper identity", tests=_TB,
+         flags=(("coupled", True),),
+         note="pairs within each prompt group, trajectory-level ratios; the clipped forms (separate / joint) are our "
+              "reading of the paper (no code released)"),
+    Part("hapo", core.hapo_loss, paper="From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's "
+                                       "Nature (HAPO), arXiv:2509.16591",
+         core=("hapo_loss", "hapo_entropy_hat"), requires=frozenset({"old_entropy"}), methods=(3,),
+         verified="hand values", tests=_TB, flags=(("coupled", True),),
+         note="entropy-adaptive clip bounds and advantage redistribution, the sampling policy's entropy normalised "
+              "over the mini-batch; sign=code reproduces the released normalisation"),
+    Part("mdpo", core.mdpo_loss, paper="Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
+         core=("mdpo_loss",), methods=(94,), verified="hand values, paper identity", tests=_TB,
+         note="no clipping; (1/t) KL(pi || pi_old) per token; use with several epochs (recipe.epochs)"),
+):
+    SURROGATES.register(_part)
+
 
 # ------------------------------------------------------------------------------------ aggregation
 

@@ -31,7 +31,8 @@ class ShapingInputs:
 
     ``scores [N]`` the reward total, ``lengths [N]`` completion lengths in tokens,
     ``group_ids [N]`` and ``num_groups``, ``max_new_tokens`` the sampler's budget, ``per_fn`` the
-    score of each reward function (``NaN`` where a function does not apply)."""
+    score of each reward function (``NaN`` where a function does not apply), ``completions`` the
+    decoded completions (given to parts flagged ``needs_text``, else empty)."""
 
     scores: np.ndarray
     lengths: np.ndarray
@@ -39,6 +40,7 @@ class ShapingInputs:
     num_groups: int
     max_new_tokens: int
     per_fn: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    completions: tuple[str, ...] = ()
 
 
 SHAPING = new_registry("reward shaping", "recipe.shaping", "fn(x: ShapingInputs, **params) -> bonus [N]")

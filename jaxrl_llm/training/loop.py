@@ -202,7 +202,8 @@ class RLTrainer(HostLoop):
         names = [s.name for s in getattr(rewards, "specs", ())]
         for sh in recipe.shaping:  # a bad shaping argument fails here, not after the first rollout
             sh(ShapingInputs(np.zeros(1, np.float32), np.ones(1, np.int32), np.zeros(1, np.int32), 1,
-                             sampler.config.max_new_tokens, {n: np.zeros(1, np.float32) for n in names}))
+                             sampler.config.max_new_tokens, {n: np.zeros(1, np.float32) for n in names},
+                             ("",) if sh.part.flag("needs_text") else ()))
         self.last_batch: dict[str, np.ndarray] | None = None
         self._last_prompts: list[str] = []
         self._est: dict = {}
@@ -256,9 +257,13 @@ class RLTrainer(HostLoop):
     def shape(self, out, roll, num_groups: int) -> np.ndarray:
         """``[N]`` float32 scores after the recipe's shaping (added to the reward total)."""
         scores = np.asarray(out.total, np.float32)
+        texts: tuple[str, ...] = ()
+        if any(sh.part.flag("needs_text") for sh in self.recipe.shaping):
+            toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+            texts = tuple(self.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=True) for i in range(len(toks)))
         for sh in self.recipe.shaping:
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), num_groups,
-                              self.sampler.config.max_new_tokens, out.per_fn)
+                              self.sampler.config.max_new_tokens, out.per_fn, texts)
             scores = (scores + np.asarray(sh(x))).astype(np.float32)
         return scores
 

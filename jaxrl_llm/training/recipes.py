@@ -238,6 +238,43 @@ PRESETS: dict[str, Preset] = {
                   1, "SPA-RL: Reinforcing LLM Agents via Stepwise Progress Attribution (Wang et al.), "
                      "arXiv:2505.20732",
                   "for AgentRunConfig runs: trains a critic and a progress estimator next to the policy"),
+    # ---- seed methods whose paper fixes several parts at once (each part is also selectable alone)
+    # LOOP: leave-one-out advantages without std, rollouts with |A| < 0.01 dropped, PPO with the ratio
+    # bounds [1/1.1, 1.1] and no dual clip, per-rollout token means, two epochs (apple/ml-loop defaults)
+    "loop": Preset(_spec("loop", "loop", _ppo_loss(1.0 - 1.0 / 1.1, 0.1, dual_clip=None), "seq-mean-token-mean",
+                         epochs=2), 6,
+                   "Reinforcement Learning for Long-Horizon Interactive LLM Agents (LOOP), arXiv:2502.01600"),
+    # DisCO / DRPO: their own objective (the advantages are not used), no clipping, no reference KL
+    # (the squared-hinge constraint is to the sampling policy), 8 samples, whole groups per mini-batch
+    "disco": Preset(_spec("disco", "grpo", Choice("disco"), "token-mean"), 8,
+                    "DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained Optimization, "
+                    "arXiv:2505.12366", "binary rewards; score logL, tau 10, beta 1e3, delta 1e-4"),
+    "drpo": Preset(_spec("drpo", "grpo", Choice("drpo"), "token-mean"), 8,
+                   "DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization, arXiv:2510.04474",
+                   "binary rewards; lam 0.1 over the response budget"),
+    # BAPO: GRPO advantages, the searched clip bounds, several mini-batches per rollout batch (the
+    # paper's staleness; its script: 2 epochs of 4 mini-batches)
+    "bapo": Preset(_spec("bapo", "grpo", Choice("bapo"), "token-mean", epochs=2, num_minibatches=4), 16,
+                   "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy Optimization "
+                   "with Adaptive Clipping, arXiv:2510.18927"),
+    # HAPO: token-level group average with the entropy-adaptive loss (the recipe adds DAPO's dynamic
+    # sampling and overlong penalty: recipe.group_filter=dynamic_sampling recipe.shaping=overlong)
+    "hapo": Preset(_spec("hapo", "hapo", Choice("hapo"), "token-mean"), 16,
+                   "From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's Nature (HAPO), "
+                   "arXiv:2509.16591"),
+    # Thinkless: mode reward, Dr.GRPO advantages, the decoupled control-token loss, k3 KL 0.001
+    "thinkless": Preset(_spec("thinkless", "dr_grpo", Choice("thinkless"), "token-mean", shaping=Choice("thinkless"),
+                              kl=KLSpec(coef=0.001, estimator="low_var_kl", placement="loss",
+                                        controller=Choice("fixed"), bias_correction="none")), 8,
+                        "Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
+                        "completions start with <short> or <think> (recipe.shaping.short_tag)"),
+    "mdpo": Preset(_spec("mdpo", "grpo", Choice("mdpo"), "token-mean", epochs=4), 8,
+                   "Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
+                   "GRPO advantages (the LLM port), several SGD passes per batch (recipe.epochs), step size "
+                   "recipe.loss.t"),
+    "p3o": Preset(_spec("p3o", "grpo", Choice("p3o"), "token-mean"), 2,
+                  "Pairwise Proximal Policy Optimization (Wu et al.), arXiv:2310.00212",
+                  "two responses per prompt; the KL control of the paper: recipe.kl.coef"),
 }
 
 #: preset names (the old ``RECIPES`` mapping, name -> builder of :class:`RLRecipe`)
@@ -315,7 +352,8 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     _need(not (est.part.flag("group_relative") and num_samples < 2),
           f"recipe.advantage={est.name} compares the samples of one prompt with each other: rollout.num_samples must "
           f"be >= 2, got {num_samples} (for one sample per prompt use recipe.advantage=reinforce_pp, remax or gae)")
-    loss = _bound(SURROGATES, s.loss, "recipe.loss", skip=("is_weights", "key"))
+    loss = _bound(SURROGATES, s.loss, "recipe.loss",
+                  skip=("is_weights", "key") + tuple(sorted(SURROGATES[s.loss.name].requires)))
     _need(s.agg in AGGREGATIONS, AGGREGATIONS.unknown(s.agg))
     _need(s.old_logp in ("sampler", "recompute"), f"recipe.old_logp must be 'sampler' or 'recompute', got "
                                                   f"{s.old_logp!r}")

@@ -192,6 +192,35 @@ R.update({
     "adora_advantages": (lambda s, m: C.adora_advantages(s, m, GID, NG), outcome, 1),
     "drop_small_advantages": (lambda a, m: C.drop_small_advantages(a, m, 0.3), lambda s: [_n(s, (B, T)), _mask(s)], 1),
 })
+# batch-coupled and paper surrogates (scalar losses over the batch; mdpo is per token)
+SCB = np.array([1, 0, 1, 0, 0, 1], np.float32)
+R.update({
+    "bapo_loss": (lambda *a: C.bapo_loss(*a), tok4, 3),
+    "bapo_bounds": (lambda *a: C.bapo_bounds(*a, count="grad"), tok4, 3),
+    "disco_loss": (lambda *a: C.disco_loss(*a, scores=SCB, group_ids=GID), tok4, 3),
+    "drpo_loss": (lambda *a: C.drpo_loss(*a, scores=SCB, group_ids=GID), tok4, 3),
+    "thinkless_loss": (lambda *a: C.thinkless_loss(*a), tok4, 3),
+    "p3o_loss": (lambda *a: C.p3o_loss(*a, scores=SCB, group_ids=GID, variant="joint"), tok4, 3),
+    "hapo_entropy_hat": (lambda h, m: C.hapo_entropy_hat(h, m), lambda s: [np.abs(_n(s, (B, T))) + 0.01, _mask(s)], 1),
+    "hapo_loss": (lambda lp, o, a, m: C.hapo_loss(lp, o, a, m, old_entropy=jnp.abs(o) + 0.05), tok4, 3),
+    "mdpo_loss": (lambda *a: C.mdpo_loss(*a, t=0.5), tok4, 3),
+})
+# reward designs (sequence-level)
+R.update({
+    "thinkless_reward": (lambda c, s: C.thinkless_reward(c > 0, s > 0), lambda s: [_scores(s), _scores(s + 1)], None),
+    "grpo_lambda_reward": (lambda c, l, v: C.grpo_lambda_reward(c > 0, l, GID, NG, valid=v),
+                           lambda s: [_scores(s), lengths(s)[0], np.ones(B, bool)], 2),
+    "concise_reward": (lambda c, l, v: C.concise_reward(c > 0, l, GID, NG, max_length=20.0, valid=v),
+                       lambda s: [_scores(s), lengths(s)[0], np.ones(B, bool)], 2),
+    "otc_tool_reward": (lambda c, k, v: C.otc_tool_reward(c > 0, k, GID, NG, valid=v),
+                        lambda s: [_scores(s), _rng(s).integers(0, 4, B).astype(np.float32), np.ones(B, bool)], 2),
+    "fapo_reward": (lambda c, f: C.fapo_reward(c > 0, f > 0), lambda s: [_scores(s), _scores(s + 1)], None),
+    "posterior_reward": (C.posterior_reward, lambda s: [_scores(s), _scores(s + 1), _rng(s).uniform(0, 1, B).astype(
+        np.float32)], None),
+    "empo_reward": (lambda v: C.empo_reward(ANS, GID, NG, valid=v), lambda s: [np.ones(B, bool)], 0),
+    "self_play_win_rate": (lambda p, v: C.self_play_win_rate(p, GID, NG, valid=v),
+                           lambda s: [_rng(s).uniform(0, 1, (B, B)).astype(np.float32), np.ones(B, bool)], 1),
+})
 # every DPO-family loss is its own function with the dpo_loss signature (lengths used by ipo / sigmoid_norm)
 for _name in ("sigmoid_dpo_loss", "robust_dpo_loss", "ipo_loss", "sigmoid_norm_loss", "hinge_loss", "sppo_hard_loss",
               "nca_pair_loss", "exo_pair_loss", "bco_pair_loss", "apo_zero_loss", "apo_down_loss", "discopop_loss"):

@@ -1,0 +1,163 @@
+"""The seed papers' reward designs (:mod:`jaxrl_llm.core.reward_shaping`) as reward shaping
+parts, ``recipe.shaping=<name>``.
+
+A shaping part sees the reward total, the lengths, the groups, every reward function's score and
+(parts flagged ``needs_text``) the decoded completions (:class:`~jaxrl_llm.algorithms.ShapingInputs`)
+and returns a per-row bonus added to the total. The methods here define the reward itself, so
+they return ``new_reward - total``: the shaped score *is* the method's reward. Which rows are
+correct comes from a reward function's score (``metric``, default the total) at or above
+``threshold``, as in :func:`~jaxrl_llm.algorithms.sampling.kimi_length`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+
+import jaxrl_llm.core as core
+from jaxrl_llm.algorithms.answers import cluster_ids, final_answer
+from jaxrl_llm.algorithms.registry import Part
+from jaxrl_llm.algorithms.sampling import SHAPING, ShapingInputs
+
+__all__: list[str] = []
+
+_T = "tests/core/test_reward_shaping.py, tests/training/test_paper_losses.py"
+
+
+def _metric(x: ShapingInputs, name: str | None) -> np.ndarray:
+    if name is None:
+        return np.asarray(x.scores, np.float64)
+    if name not in x.per_fn:
+        raise ValueError(f"reward function {name!r} not found; the rewards are {sorted(x.per_fn)}")
+    return np.nan_to_num(np.asarray(x.per_fn[name], np.float64), nan=0.0)
+
+
+def _correct(x: ShapingInputs, metric: str | None, threshold: float) -> np.ndarray:
+    return _metric(x, metric) >= threshold
+
+
+def _replace(x: ShapingInputs, reward) -> np.ndarray:
+    return (np.asarray(reward, np.float32) - np.asarray(x.scores, np.float32)).astype(np.float32)
+
+
+def _g(x: ShapingInputs):
+    return jnp.asarray(x.group_ids, jnp.int32), x.num_groups
+
+
+def thinkless(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, short_tag: str = "<short>",
+              short_reward: float = 1.0, think_reward: float = 0.5, wrong_reward: float = -1.0) -> np.ndarray:
+    """Thinkless's mode reward: the completion's mode is short when it starts with ``short_tag``."""
+    short = np.array([c.lstrip().startswith(short_tag) for c in x.completions], bool)
+    r = core.thinkless_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(short),
+                              short_reward=short_reward, think_reward=think_reward, wrong_reward=wrong_reward)
+    return _replace(x, r)
+
+
+def grpo_lambda(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, top_fraction: float = 0.5,
+                length_weight: float = 1.0) -> np.ndarray:
+    """GRPO-lambda: the length-penalised reward for the top groups by accuracy, 0/1 elsewhere."""
+    r = core.grpo_lambda_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(x.lengths, jnp.float32),
+                                *_g(x), top_fraction=top_fraction, length_weight=length_weight)
+    return _replace(x, r)
+
+
+def concise(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, alpha: float = 1.0,
+            max_length: int | None = None) -> np.ndarray:
+    """ConciseR's L-GRPO reward (``max_length`` defaults to the sampler's budget)."""
+    r = core.concise_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(x.lengths, jnp.float32), *_g(x),
+                            max_length=float(max_length or x.max_new_tokens), alpha=alpha)
+    return _replace(x, r)
+
+
+def otc(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, calls_metric: str | None = None,
+        call_tag: str = "<tool_call>", c: float = 1.0, alpha: float = 1.0, mode: str = "grpo") -> np.ndarray:
+    """OTC: correctness times tool efficiency; the calls are a reward function's score
+    (``calls_metric``) or, by default, the occurrences of ``call_tag`` in the completion."""
+    if calls_metric is not None:
+        calls = _metric(x, calls_metric)
+    else:
+        calls = np.array([len(re.findall(re.escape(call_tag), t)) for t in x.completions], np.float64)
+    r = core.otc_tool_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(calls, jnp.float32), *_g(x),
+                             c=c, alpha=alpha, mode=mode)
+    return _replace(x, r)
+
+
+def fapo(x: ShapingInputs, *, flaw_metric: str, metric: str | None = None, threshold: float = 1.0,
+         flaw_threshold: float = 0.5, penalty: float = 1.0) -> np.ndarray:
+    """FAPO: +-1 by correctness, minus ``penalty`` where reward function ``flaw_metric`` (a
+    generative reward model's verdict) is at least ``flaw_threshold``."""
+    flawed = _metric(x, flaw_metric) >= flaw_threshold
+    return _replace(x, core.fapo_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(flawed),
+                                        penalty=penalty))
+
+
+def posterior(x: ShapingInputs, *, format_metric: str, outcome_metric: str, thinking_metric: str) -> np.ndarray:
+    """Posterior-GRPO: format + outcome + outcome x thinking score, from three reward functions."""
+    r = core.posterior_reward(*(jnp.asarray(_metric(x, k), jnp.float32)
+                                for k in (format_metric, outcome_metric, thinking_metric)))
+    return _replace(x, r)
+
+
+def empo(x: ShapingInputs, *, threshold: bool = True, empty_reward_zero: bool = True) -> np.ndarray:
+    """EMPO: the share of the group with the same final answer (no label needed)."""
+    keys = final_answer(list(x.completions))
+    ids = cluster_ids(keys, np.asarray(x.group_ids))
+    empty = np.array([k is None for k in keys]) if empty_reward_zero else None
+    r = core.empo_reward(jnp.asarray(ids), *_g(x), empty=None if empty is None else jnp.asarray(empty),
+                         threshold=threshold)
+    return _replace(x, r)
+
+
+def self_play(x: ShapingInputs, *, metric: str | None = None, preference: str = "hard", temperature: float = 1.0
+              ) -> np.ndarray:
+    """Minimaximalist SPO: the win rate against the group's other samples, under a preference
+    derived from a reward function's score: ``hard`` (``1[s_i > s_j]``, ties 0.5) or
+    ``bradley_terry`` (``sigmoid((s_i - s_j) / temperature)``). (A judge's own pairwise
+    preferences go through :func:`jaxrl_llm.core.self_play_win_rate` directly.)"""
+    if preference not in ("hard", "bradley_terry"):
+        raise ValueError(f"recipe.shaping.preference must be 'hard' or 'bradley_terry', got {preference!r}")
+    if not temperature > 0:
+        raise ValueError(f"recipe.shaping.temperature must be > 0, got {temperature!r}")
+    s = _metric(x, metric)
+    d = s[:, None] - s[None]
+    p = (d > 0) + 0.5 * (d == 0) if preference == "hard" else 1.0 / (1.0 + np.exp(-d / temperature))
+    return _replace(x, core.self_play_win_rate(jnp.asarray(p, jnp.float32), *_g(x)))
+
+
+_TEXT = (("needs_text", True),)
+for _part in (
+    Part("thinkless", thinkless, paper="Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
+         core=("thinkless_reward",), methods=(136,), verified="hand values", tests=_T, flags=_TEXT,
+         note="short-correct 1, think-correct 0.5, wrong -1 (the authors' values); with recipe.loss=thinkless"),
+    Part("grpo_lambda", grpo_lambda, paper="Stable Reinforcement Learning for Efficient Reasoning (GRPO-lambda), "
+                                           "arXiv:2505.18086",
+         core=("grpo_lambda_reward", "kimi_length_reward"), methods=(115,), verified="hand values", tests=_T,
+         note="top-lambda groups by accuracy get Kimi's length reward (the penalty form is our reading; no code)"),
+    Part("concise", concise, paper="Walk Before You Run! Concise LLM Reasoning via Reinforcement Learning "
+                                   "(ConciseR), arXiv:2505.21178",
+         core=("concise_reward",), methods=(117,), verified="hand values, paper identity", tests=_T,
+         note="length bonus only in all-correct groups; the linear form and alpha are our reading (no code)"),
+    Part("otc", otc, paper="OTC: Optimal Tool Calls via Reinforcement Learning (Wang et al.), arXiv:2504.14870",
+         core=("otc_tool_reward",), methods=(60,), verified="hand values, paper identity", tests=_T, flags=_TEXT,
+         note="calls counted from <tool_call> tags unless calls_metric names a reward function"),
+    Part("fapo", fapo, paper="FAPO: Flawed-Aware Policy Optimization for Efficient and Reliable Reasoning, "
+                             "arXiv:2510.22543",
+         core=("fapo_reward",), methods=(30,), verified="hand values, paper identity", tests=_T,
+         note="flaw_metric: a reward function flagging flawed reasoning (the paper's generative reward model)"),
+    Part("posterior", posterior, paper="Posterior-GRPO: Rewarding Reasoning Processes in Code Generation, "
+                                       "arXiv:2508.05170",
+         core=("posterior_reward",), methods=(89,), verified="hand values", tests=_T,
+         note="three reward functions by name: format, outcome, thinking score in [0, 1]"),
+    Part("empo", empo, paper="Right Question is Already Half the Answer: Fully Unsupervised LLM Reasoning "
+                             "Incentivization (EMPO), arXiv:2504.05812",
+         core=("empo_reward",), methods=(15,), verified="hand values", tests=_T, flags=_TEXT,
+         note="replaces the reward by the answer's share of the group (final answers as clusters); no label used"),
+    Part("self_play", self_play, paper="A Minimaximalist Approach to Reinforcement Learning from Human Feedback "
+                                       "(Swamy et al.), arXiv:2401.04056",
+         core=("self_play_win_rate",), methods=(32,), verified="hand values, paper identity", tests=_T,
+         note="win rate within the group under a preference from a reward function's score (hard or "
+              "Bradley-Terry)"),
+):
+    SHAPING.register(_part)

@@ -1,0 +1,565 @@
+"""Batch-coupled policy losses: objectives that are not sums of per-token terms.
+
+Each loss maps a whole (mini-)batch to one scalar to *minimise*, ``(loss, metrics)``: DisCO's
+and DRPO's log-sum-exp over a group's negatives and their batch-level KL constraint, BAPO's
+batch-level search for clip bounds, Thinkless's two separately normalised terms, P3O's pairs,
+HAPO's batch-normalised token entropy. They take the policy-loss arguments ``logp``,
+``old_logp``, ``advantages``, ``mask`` (``[B, T]``; ``logp`` carries the gradient) and, where the
+method needs them, ``scores [B]`` and ``group_ids [B]`` (dense ids ``< B``: the rows of one
+prompt) or ``old_entropy [B, T]``.
+
+The train step runs such a loss exactly for any micro-batch split (two passes: the log-probs of
+every row, then the loss's gradient with respect to them, applied per micro-batch;
+:class:`~jaxrl_llm.training.PolicyObjective` with ``coupled=True``), and the loop keeps the
+groups of a prompt whole within each mini-batch. The aggregation is the method's own (each
+docstring says which); the recipe's aggregation mode applies to its KL and entropy terms.
+
+Values outside the mask never matter (inputs are selected to 0 there) and get zero gradient.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core import _checks
+from jaxrl_llm.core.policy_losses import _check_clip, _clipped_surrogate, _prep, ratio_metrics
+from jaxrl_llm.core.stats import masked_mean, safe_divide
+
+__all__ = [
+    "bapo_bounds",
+    "bapo_loss",
+    "disco_loss",
+    "drpo_loss",
+    "thinkless_loss",
+    "p3o_loss",
+    "hapo_entropy_hat",
+    "hapo_loss",
+    "mdpo_loss",
+]
+
+sg = jax.lax.stop_gradient
+_CLAMP = 20.0
+
+
+def _ratio(lp, olp):
+    return jnp.exp(jnp.clip(lp - olp, -_CLAMP, _CLAMP))
+
+
+def _rows(m):
+    return jnp.any(m > 0, axis=1)
+
+
+def _no_is_weights(name, is_weights):
+    if is_weights is not None:
+        raise ValueError(f"{name}: per-token importance weights (recipe.is_weights) do not apply to a sequence-level "
+                         f"objective; use recipe.rejection to drop mismatched tokens instead")
+
+
+def _check_groups(group_ids, b):
+    _checks.check_rank("group_ids", group_ids, 1)
+    _checks.check_int("group_ids", group_ids)
+    if _checks._shape(group_ids)[0] != b:
+        raise ValueError(f"argument 'group_ids' must have shape ({b},), got {_checks._shape(group_ids)}")
+    return jnp.clip(jnp.asarray(group_ids, jnp.int32), 0, b - 1)
+
+
+# ----------------------------------------------------------------------------------------- BAPO
+
+
+def _bapo_stats(ratio, adv, m, c_low, c_high, count):
+    """``(P, N)``: the summed positive and negative contributions at bounds ``(c_low, c_high)``."""
+    if count == "value":
+        e = jnp.where(adv >= 0, adv * jnp.minimum(ratio, c_high), adv * jnp.maximum(ratio, c_low))
+        return jnp.sum(m * jnp.maximum(e, 0.0)), jnp.sum(m * jnp.maximum(-e, 0.0))
+    # count == "grad": only tokens whose gradient is not clipped away
+    pos = (adv > 0) & (ratio < c_high)
+    neg = (adv < 0) & (ratio > c_low)
+    return jnp.sum(m * jnp.where(pos, ratio * adv, 0.0)), jnp.sum(m * jnp.where(neg, -ratio * adv, 0.0))
+
+
+def bapo_bounds(logp, old_logp, advantages, mask, *, target: float = 0.4, target_kind: str = "share",
+                low_start: float = 0.6, low_max: float = 0.9, low_step: float = 0.02, high_start: float = 1.2,
+                high_max: float = 3.0, high_step: float = 0.05, order: str = "high_first", count: str = "value"
+                ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """BAPO's batch-level search for the ratio bounds ``(c_low, c_high)``.
+
+    The contribution of a token at bounds ``(c_l, c_h)`` is ``e = A min(rho, c_h)`` for ``A >= 0``
+    and ``A max(rho, c_l)`` for ``A < 0`` (the paper's Eq. 8 terms); ``P`` and ``N`` sum its
+    positive and negative parts over the batch. Starting from ``(low_start, high_start)`` the
+    bounds move in steps until the positive share ``P / (P + N)`` reaches ``target``
+    (``target_kind="ratio"``: ``P / N``, the authors' code) or no step is left:
+    ``order="high_first"`` (the paper's Algorithm 1: raise ``c_high`` by ``high_step`` up to
+    ``high_max``, then ``c_low`` by ``low_step`` up to ``low_max``; the loop runs while a
+    ``c_low`` step is left) or ``"low_first"`` (the released code). ``count="grad"`` counts only
+    tokens whose gradient survives the clip (the paper's stated intent: admit low-probability
+    positive tokens, filter low-probability negative ones); ``"value"`` counts clipped tokens at
+    their clipped value (Eq. 8 as printed and the code), under which raising ``c_low`` can only
+    lower the share.
+
+    Paper: "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
+    Optimization with Adaptive Clipping" (Xi et al.), arXiv:2510.18927: Eq. 8, Algorithm 1 and
+    §5 (``rho_0 = 0.4``, ``c_low`` in ``[0.6, 0.9]`` by 0.02, ``c_high`` in ``[1.2, 3.0]`` by 0.05: the
+    defaults here). The released code (``WooooDyy/BAPO`` @7287044) raises ``c_low`` first toward
+    a ratio target (its YAML: ratio 1, ``c_low`` 0.6 -> 0.8 by 0.05, ``c_high`` 1.2 -> 2.0 by 0.05).
+    Steps are counted in integers, so ``0.6 + 15 * 0.02`` reaches 0.9 exactly.
+
+    Returns:
+      ``(c_low, c_high, share)`` float32 scalars (``share``: the final ``P / (P + N)``; 1 when the
+      batch has no contribution), without gradient.
+    """
+    _checks.check_choice("target_kind", target_kind, ("share", "ratio"))
+    _checks.check_choice("order", order, ("high_first", "low_first"))
+    _checks.check_choice("count", count, ("value", "grad"))
+    for name, lo, hi, step in (("low", low_start, low_max, low_step), ("high", high_start, high_max, high_step)):
+        if not (hi >= lo and step > 0):
+            raise ValueError(f"BAPO: {name}_max must be >= {name}_start and {name}_step > 0, got "
+                             f"start={lo!r}, max={hi!r}, step={step!r}")
+    if not low_max < 1.0 < high_start:
+        raise ValueError(f"BAPO needs low_max < 1 < high_start (the bounds must bracket ratio 1), got "
+                         f"low_max={low_max!r}, high_start={high_start!r}")
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask)
+    ratio = sg(_ratio(lp, olp))
+    n_low = int(round((low_max - low_start) / low_step))
+    n_high = int(round((high_max - high_start) / high_step))
+
+    def bounds(kl, kh):
+        return (low_start + kl.astype(jnp.float32) * low_step, high_start + kh.astype(jnp.float32) * high_step)
+
+    def met(kl, kh):
+        p, n = _bapo_stats(ratio, adv, m, *bounds(kl, kh), count)
+        if target_kind == "share":
+            return jnp.where(p + n > 0, p / jnp.where(p + n > 0, p + n, 1.0), 1.0) >= target
+        return jnp.where(n > 0, p / jnp.where(n > 0, n, 1.0), jnp.inf) >= target
+
+    zero = jnp.zeros((), jnp.int32)
+    if order == "high_first":
+        def cond(c):
+            kl, kh = c
+            return (~met(kl, kh)) & (kl + 1 <= n_low)
+
+        def body(c):
+            kl, kh = c
+            up = kh + 1 <= n_high
+            return jnp.where(up, kl, kl + 1), jnp.where(up, kh + 1, kh)
+
+        kl, kh = jax.lax.while_loop(cond, body, (zero, zero))
+    else:
+        kl = jax.lax.while_loop(lambda k: (~met(k, zero)) & (k < n_low), lambda k: k + 1, zero)
+        kh = jax.lax.while_loop(lambda k: (~met(kl, k)) & (k < n_high), lambda k: k + 1, zero)
+    c_low, c_high = bounds(kl, kh)
+    p, n = _bapo_stats(ratio, adv, m, c_low, c_high, count)
+    share = jnp.where(p + n > 0, safe_divide(p, p + n), 1.0)
+    return sg(c_low), sg(c_high), sg(share)
+
+
+def bapo_loss(logp, old_logp, advantages, mask, *, target: float = 0.4, target_kind: str = "share",
+              low_start: float = 0.6, low_max: float = 0.9, low_step: float = 0.02, high_start: float = 1.2,
+              high_max: float = 3.0, high_step: float = 0.05, order: str = "high_first", count: str = "value",
+              dual_clip: float | None = None, is_weights=None):
+    """BAPO: PPO's clipped surrogate with bounds searched per batch (:func:`bapo_bounds`).
+
+    ``L = token-mean over the batch of max(-A rho, -A clip(rho, c_low, c_high))`` with the
+    searched ``(c_low, c_high)`` held constant (no gradient through the search); ``dual_clip``
+    caps negative-advantage tokens as in :func:`~jaxrl_llm.core.ppo_clip_loss` (the paper's
+    objective has none; the released code uses 3.0). Token-mean aggregation (the code's). With no
+    room to move (``low_start = low_max``, ``high_start = high_max``) this is PPO with
+    ``clip_low = 1 - low_start``, ``clip_high = high_start - 1``.
+
+    Paper: "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy
+    Optimization with Adaptive Clipping" (Xi et al.), arXiv:2510.18927.
+
+    Returns:
+      ``(loss scalar, metrics)`` with ``bapo_c_low``, ``bapo_c_high``, ``bapo_pos_share`` and the
+      common ratio metrics.
+    """
+    if dual_clip is not None:
+        _check_clip(0.0, 0.0, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    c_low, c_high, share = bapo_bounds(lp, olp, adv, m, target=target, target_kind=target_kind,
+                                       low_start=low_start, low_max=low_max, low_step=low_step, high_start=high_start,
+                                       high_max=high_max, high_step=high_step, order=order, count=count)
+    ratio = _ratio(lp, olp)
+    per, met = _clipped_surrogate(ratio, jnp.clip(ratio, c_low, c_high), adv, m, 1.0 - c_low, c_high - 1.0,
+                                  dual_clip)
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    loss = safe_divide(jnp.sum(jnp.where(m > 0, per, 0.0)), jnp.sum(m))
+    return loss, {**met, **ratio_metrics(lp - olp, m), "bapo_c_low": c_low, "bapo_c_high": c_high,
+                  "bapo_pos_share": share}
+
+
+# ----------------------------------------------------------------------------------------- DisCO / DRPO
+
+
+def _kl_constraint(lp, olp, m, kind, beta, delta):
+    """``((beta / 2) max(kappa - delta, 0)^2, kappa)``: kappa the token mean over the batch of
+    ``old - logp`` (``"kl"``) or ``rho - 1 - log rho`` (``"low_var_kl"``)."""
+    if kind == "kl":
+        k = olp - lp
+    else:
+        d = jnp.clip(lp - olp, -_CLAMP, _CLAMP)
+        k = jnp.exp(d) - 1.0 - d
+    kappa = safe_divide(jnp.sum(k * m), jnp.sum(m))
+    return 0.5 * beta * jnp.square(jnp.maximum(kappa - delta, 0.0)), kappa
+
+
+def _disco_scores(lp, olp, m, score):
+    length = jnp.sum(m, axis=1)
+    x = lp if score == "logL" else _ratio(lp, olp)
+    return safe_divide(jnp.sum(x * m, axis=1), length), length
+
+
+def _discriminative(s, scores, valid, gid, b, tau, kind, pos_weight=None):
+    """Per-group ``J_q`` and the number of groups: ``mean_pos s - tau log mean_neg exp(s / tau)``
+    (``kind="disco"``) or ``mean_pos s - mean_neg s`` (``"disco_b"``); positives optionally
+    weighted (DRPO). Groups without both a positive and a negative give 0."""
+    pos = valid & (scores == 1.0)
+    neg = valid & (scores == 0.0)
+    fp, fn = pos.astype(jnp.float32), neg.astype(jnp.float32)
+    n_pos = jax.ops.segment_sum(fp, gid, b)
+    n_neg = jax.ops.segment_sum(fn, gid, b)
+    if kind == "disco":
+        z = jnp.where(neg, s / tau, -jnp.inf)
+        mx = jax.ops.segment_max(z, gid, b)
+        mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
+        se = jax.ops.segment_sum(jnp.where(neg, jnp.exp(z - mx[gid]), 0.0), gid, b)
+        neg_term = tau * (jnp.log(jnp.where(se > 0, se, 1.0)) + mx - jnp.log(jnp.maximum(n_neg, 1.0)))
+    else:
+        neg_term = safe_divide(jax.ops.segment_sum(s * fn, gid, b), n_neg)
+    w = fp if pos_weight is None else jnp.where(pos, pos_weight, 0.0)
+    w_sum = jax.ops.segment_sum(w, gid, b)
+    pos_term = safe_divide(jax.ops.segment_sum(w * s, gid, b), w_sum)
+    live = (n_pos > 0) & (n_neg > 0)
+    j = jnp.where(live, pos_term - neg_term, 0.0)
+    n_groups = jnp.sum((jax.ops.segment_sum(valid.astype(jnp.float32), gid, b) > 0).astype(jnp.float32))
+    return j, live, n_groups
+
+
+def disco_loss(logp, old_logp, advantages, mask, *, scores, group_ids, score: str = "logL",
+               objective: str = "disco", tau: float | None = None, beta: float = 1e3, delta: float = 1e-4,
+               kl: str = "kl", is_weights=None):
+    """DisCO: a discriminative objective per prompt with a squared-hinge KL constraint, no clipping.
+
+    Per prompt group with at least one positive (``score == 1``) and one negative (``score == 0``)
+    response, with ``s_i`` the length-normalised log-likelihood (``score="logL"``) or ratio
+    (``"Lratio"``: ``mean_t exp(logp - old_logp)``)::
+
+        J_q = mean_{i in pos} s_i - tau log mean_{j in neg} exp(s_j / tau)     (objective="disco")
+        J_q = mean_{i in pos} s_i - mean_{j in neg} s_j                         (objective="disco_b")
+        loss = -(1/Q) sum_q J_q + (beta / 2) max(kappa - delta, 0)^2
+
+    ``Q`` counts every group of the batch (groups that are all right or all wrong contribute 0 but
+    count, as the code divides by the number of distinct prompts); ``kappa`` is the token mean of
+    ``old_logp - logp`` over the batch (``kl="kl"``; ``"low_var_kl"``: ``rho - 1 - log rho``). Each
+    question's gradient has total positive weight 1 and negative weight 1 whatever its accuracy:
+    GRPO's difficulty bias (``sqrt(p (1 - p))``) is gone. The advantages are not used.
+
+    Paper: "DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained Optimization"
+    (Li et al.), arXiv:2505.12366; the authors' code (``Optimization-AI/DisCO`` @bd2b078,
+    ``compute_policy_loss_disco_logL``) optimises a stop-gradient surrogate with the same gradient
+    (its value differs by a constant); the constraint term there is ``sg(beta max(kappa - delta,
+    0)) kappa``, whose gradient is that of ``(beta / 2) max(kappa - delta, 0)^2`` used here.
+    Defaults: the scripts' ``delta = 1e-4``, ``beta = 1e3``, ``kl="kl"``; ``tau`` is 10 for
+    ``logL`` and 1 for ``Lratio``. Scores other than 0 and 1 are neither positive nor negative
+    (map +-1 rewards first). Limits: ``tau -> inf`` gives DisCO-b.
+
+    Args:
+      logp, old_logp, advantages, mask: ``[B, T]`` (advantages unused). scores: ``[B]`` binary
+        rewards. group_ids: ``[B]`` dense prompt ids ``< B``.
+      score: ``"logL"`` or ``"Lratio"``. objective: ``"disco"`` or ``"disco_b"``. tau: the
+        temperature (``None``: 10 for logL, 1 for Lratio). beta, delta: the constraint.
+      kl: ``"kl"`` or ``"low_var_kl"``. is_weights: optional ``[B, T]`` per-token weights.
+
+    Returns:
+      ``(loss scalar, metrics)``: ``disco_objective`` (mean ``J_q``), ``disco_kl`` (kappa),
+      ``disco_groups`` (groups with both signs), and the ratio metrics.
+    """
+    _no_is_weights("disco", is_weights)
+    _checks.check_choice("score", score, ("logL", "Lratio"))
+    _checks.check_choice("objective", objective, ("disco", "disco_b"))
+    _checks.check_choice("kl", kl, ("kl", "low_var_kl"))
+    tau = (10.0 if score == "logL" else 1.0) if tau is None else tau
+    _checks.check_positive("tau", tau)
+    lp, olp, _, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    b = lp.shape[0]
+    gid = _check_groups(group_ids, b)
+    _checks.check_seq_args(b, scores=scores)
+    s, _ = _disco_scores(lp, olp, m, score)
+    valid = _rows(m)
+    r = sg(_checks.as_float(scores))
+    j, live, n_groups = _discriminative(s, r, valid, gid, b, tau, objective)
+    penalty, kappa = _kl_constraint(lp, olp, m, kl, beta, delta)
+    loss = -safe_divide(jnp.sum(j), n_groups) + penalty
+    return loss, {"disco_objective": sg(safe_divide(jnp.sum(j), jnp.sum(live.astype(jnp.float32)))),
+                  "disco_kl": sg(kappa), "disco_groups": jnp.sum(live.astype(jnp.float32)),
+                  **ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()), "clip_frac_lower": jnp.zeros(())}
+
+
+def _response_width(m):
+    """The response width of target-aligned rows: columns from the first response position of
+    the batch (every response starts right after the bucketed prompt) to the end."""
+    t = m.shape[1]
+    first = jnp.where(jnp.any(m > 0, axis=1), jnp.argmax(m > 0, axis=1), t)
+    return (t - jnp.min(first)).astype(jnp.float32)
+
+
+def drpo_loss(logp, old_logp, advantages, mask, *, scores, group_ids, lam: float = 0.1, tau: float = 10.0,
+              beta: float = 1e3, delta: float = 1e-4, kl: str = "kl", max_length: float | None = None,
+              is_weights=None):
+    """DRPO: DisCO-logL with length weights among the correct responses only.
+
+    ``w_i = exp((1 - L_i / L_max) / lam)`` for positives, normalised within the group's positives::
+
+        J_q = sum_{i in pos} w_i (s_i - tau log mean_{j in neg} exp(s_j / tau)) / sum_{i in pos} w_i
+        loss = -(1/Q) sum_q J_q + (beta / 2) max(kappa - delta, 0)^2
+
+    with ``s_i`` the mean token log-prob and the rest as :func:`disco_loss`. A correct response is
+    never pushed down, whatever its length (its gradient weight ``w_i / sum w`` is positive);
+    shorter correct responses get more of the push up. ``lam -> inf`` gives DisCO-logL.
+
+    Paper: "DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization", arXiv:2510.04474;
+    the authors' code (``Optimization-AI/DRPO`` @405f702, ``compute_policy_loss_drpo``) and script:
+    ``lam = 0.1``, ``tau = 10``, ``delta = 1e-4``, ``beta = 1e3``, ``L_max`` the padded response width
+    (``max_length=None``: the batch's response width, i.e. the sampler's ``max_new_tokens`` in the
+    loop's layout where every response starts after the bucketed prompt).
+
+    Returns:
+      ``(loss scalar, metrics)`` as :func:`disco_loss` (``drpo_*`` names).
+    """
+    _no_is_weights("drpo", is_weights)
+    _checks.check_choice("kl", kl, ("kl", "low_var_kl"))
+    _checks.check_positive("lam", lam)
+    _checks.check_positive("tau", tau)
+    lp, olp, _, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    b = lp.shape[0]
+    gid = _check_groups(group_ids, b)
+    _checks.check_seq_args(b, scores=scores)
+    s, length = _disco_scores(lp, olp, m, "logL")
+    width = _response_width(m) if max_length is None else jnp.asarray(max_length, jnp.float32)
+    w = sg(jnp.exp((1.0 - length / jnp.maximum(width, 1.0)) / lam))
+    valid = _rows(m)
+    j, live, n_groups = _discriminative(s, sg(_checks.as_float(scores)), valid, gid, b, tau, "disco", pos_weight=w)
+    penalty, kappa = _kl_constraint(lp, olp, m, kl, beta, delta)
+    loss = -safe_divide(jnp.sum(j), n_groups) + penalty
+    return loss, {"drpo_objective": sg(safe_divide(jnp.sum(j), jnp.sum(live.astype(jnp.float32)))),
+                  "drpo_kl": sg(kappa), "drpo_groups": jnp.sum(live.astype(jnp.float32)),
+                  **ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()), "clip_frac_lower": jnp.zeros(())}
+
+
+# ----------------------------------------------------------------------------------------- Thinkless
+
+
+def thinkless_loss(logp, old_logp, advantages, mask, *, alpha: float = 1e-3, clip_low: float = 0.2,
+                   clip_high: float | None = None, dual_clip: float | None = None, is_weights=None):
+    """Thinkless / DeGRPO: the mode-control token and the response trained with separate weights.
+
+    With ``l`` the per-token clipped PPO loss, the first response token of each row (the control
+    token ``<short>`` / ``<think>``) and the rest are averaged separately over the batch::
+
+        L = alpha * mean_{rows} l_{i,0} + (sum_{i, t >= 1} l_{i,t}) / (number of tokens t >= 1)
+
+    so the one-token mode decision is not drowned by (or does not dominate) long responses.
+
+    Paper: "Thinkless: LLM Learns When to Think" (Fang et al.), arXiv:2505.13379; the authors'
+    code (``VainF/Thinkless`` @aa225d2, ``compute_policy_loss``): ``alpha = 0.001`` (1/1000), clip
+    0.2, no dual clip (verl's default then). The reward table (short-correct 1, think-correct 0.5,
+    wrong -1) is the ``thinkless`` reward shaping, the advantages Dr.GRPO's (the script's
+    ``std_normalizer=False``).
+
+    Returns:
+      ``(loss scalar, metrics)``: ``thinkless_control_loss``, ``thinkless_response_loss`` and the
+      clip and ratio metrics.
+    """
+    _checks.check_positive("alpha", alpha, allow_zero=True)
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    ratio = _ratio(lp, olp)
+    per, met = _clipped_surrogate(ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high), adv, m, clip_low,
+                                  clip_high, dual_clip)
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    per = jnp.where(m > 0, per, 0.0)
+    t = m.shape[1]
+    first = jnp.argmax(m > 0, axis=1)
+    ctrl = ((jnp.arange(t)[None] == first[:, None]) & (m > 0)).astype(jnp.float32)
+    resp = m * (1.0 - ctrl)
+    control = safe_divide(jnp.sum(per * ctrl), jnp.sum(ctrl))
+    response = safe_divide(jnp.sum(per * resp), jnp.sum(resp))
+    return alpha * control + response, {**met, **ratio_metrics(lp - olp, m), "thinkless_control_loss": sg(control),
+                                        "thinkless_response_loss": sg(response)}
+
+
+# ----------------------------------------------------------------------------------------- P3O
+
+
+def p3o_loss(logp, old_logp, advantages, mask, *, scores, group_ids, clip: float = 0.2, variant: str = "separate",
+             is_weights=None):
+    """P3O: pairwise PPO on trajectory-level ratios and reward differences.
+
+    For every unordered pair ``(i, j)`` of responses to one prompt, ``Delta = r_i - r_j`` and the
+    trajectory ratios ``rho_i = exp(sum_t (logp - old_logp))``::
+
+        separate:  L_ij = max(-Delta/2 rho_i, -Delta/2 clip(rho_i)) + max(Delta/2 rho_j, Delta/2 clip(rho_j))
+        joint:     L_ij = max(-Delta/2 rho_ij, -Delta/2 clip(rho_ij)),   rho_ij = rho_i / rho_j
+
+    (``clip(x) = clip(x, 1 - clip, 1 + clip)``), averaged over the pairs of the batch. Only reward
+    differences enter: the loss is invariant to a per-prompt shift of the rewards. At
+    ``theta = theta_old`` both variants have the gradient ``-Delta/2 grad(log pi(y_i) - log pi(y_j))``,
+    the paper's pairwise policy gradient (with two samples, RLOO's gradient).
+
+    Paper: "Pairwise Proximal Policy Optimization: Harnessing Relative Feedback for LLM Alignment"
+    (Wu et al.), arXiv:2310.00212. No code was released; the pairwise gradient is the paper's, the
+    two clipped forms (per-response and joint ratio) are our reading of its V1 / V2 description
+    (check §4 of the paper before relying on the clipped regime). The KL control of the paper is
+    the recipe's KL term. Pairs are formed within ``group_ids``; groups of one give no pair.
+
+    Returns:
+      ``(loss scalar, metrics)``: ``p3o_pairs``, ``p3o_clip_frac`` and the ratio metrics.
+    """
+    _no_is_weights("p3o", is_weights)
+    _checks.check_choice("variant", variant, ("separate", "joint"))
+    _checks.check_positive("clip", clip)
+    lp, olp, _, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    b = lp.shape[0]
+    gid = _check_groups(group_ids, b)
+    _checks.check_seq_args(b, scores=scores)
+    r = sg(_checks.as_float(scores))
+    valid = _rows(m)
+    log_rho = jnp.clip(jnp.sum((lp - olp) * m, axis=1), -_CLAMP, _CLAMP)    # [B] trajectory log-ratios
+    pair = (gid[:, None] == gid[None]) & valid[:, None] & valid[None] & (jnp.arange(b)[:, None] < jnp.arange(b)[None])
+    half = 0.5 * (r[:, None] - r[None])                                     # Delta / 2 for (i, j)
+    lo, hi = 1.0 - clip, 1.0 + clip
+
+    def clipped(a, x):  # max(-a x, -a clip(x))
+        return jnp.maximum(-a * x, -a * jnp.clip(x, lo, hi))
+
+    if variant == "separate":
+        rho = jnp.exp(log_rho)
+        term = clipped(half, rho[:, None]) + clipped(-half, rho[None])
+        clipped_frac = (jnp.clip(rho[:, None], lo, hi) != rho[:, None]) | (jnp.clip(rho[None], lo, hi) != rho[None])
+    else:
+        rho_ij = jnp.exp(jnp.clip(log_rho[:, None] - log_rho[None], -_CLAMP, _CLAMP))
+        term = clipped(half, rho_ij)
+        clipped_frac = jnp.clip(rho_ij, lo, hi) != rho_ij
+    fp = pair.astype(jnp.float32)
+    n_pairs = jnp.sum(fp)
+    loss = safe_divide(jnp.sum(jnp.where(pair, term, 0.0)), n_pairs)
+    return loss, {"p3o_pairs": n_pairs, "p3o_clip_frac": safe_divide(jnp.sum(fp * clipped_frac), n_pairs),
+                  **ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()), "clip_frac_lower": jnp.zeros(())}
+
+
+# ----------------------------------------------------------------------------------------- HAPO
+
+
+def hapo_entropy_hat(old_entropy, mask, *, pivot: float = 0.8, sign: str = "paper"):
+    """HAPO's normalised token entropy ``ĥ`` over the batch's response tokens.
+
+    ``l = log max(H, 1e-8)``; ``h = l - Q_pivot(l)`` (the ``pivot``-quantile of ``l`` over the
+    masked tokens, "nearest" rank ``round(pivot (n - 1))``); ``h /= sqrt(max(mean h^2, 1e-8))``
+    (an RMS about the pivot); then ``ĥ = h / max(h)`` where ``h > 0`` and ``h / |min(h)|`` where
+    ``h <= 0``, so ``ĥ in [-1, 1]``, negative for low-entropy tokens (``sign="paper"``). The
+    authors' code divides the non-positive side by ``min(h)`` itself, giving ``ĥ >= 0`` everywhere
+    (``sign="code"`` reproduces it).
+
+    Paper: "From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's Nature"
+    (HAPO), arXiv:2509.16591; code ``starriver030515/HAPO`` @7671dde (``compute_entropy_h``):
+    pivot 0.8 (its recipe). Returns ``[B, T]`` float32, 0 outside the mask, no gradient.
+    """
+    _checks.check_token_args(old_entropy=old_entropy, mask=mask)
+    _checks.check_choice("sign", sign, ("paper", "code"))
+    m = _checks.as_mask(mask)
+    ell = jnp.log(jnp.maximum(_checks.zero_outside(_checks.as_float(old_entropy), m, 1.0), 1e-8))
+    n = jnp.sum(m)
+    flat = jnp.where(m > 0, ell, jnp.inf).reshape(-1)
+    srt = jnp.sort(flat)
+    k = jnp.clip(jnp.round(pivot * (n - 1.0)).astype(jnp.int32), 0, flat.shape[0] - 1)
+    med = jnp.where(n > 0, srt[k], 0.0)
+    h = jnp.where(m > 0, ell - med, 0.0)
+    h = h / jnp.sqrt(jnp.maximum(safe_divide(jnp.sum(h * h * m), n), 1e-8))
+    p = jnp.maximum(jnp.max(jnp.where(m > 0, h, 0.0)), 1e-8)
+    q = jnp.minimum(jnp.min(jnp.where(m > 0, h, 0.0)), -1e-8)
+    hat = jnp.where(h > 0, h / p, h / (jnp.abs(q) if sign == "paper" else q))
+    return sg(jnp.where(m > 0, hat, 0.0))
+
+
+def hapo_loss(logp, old_logp, advantages, mask, *, old_entropy, pivot: float = 0.8, clip_low: float = 0.2,
+              clip_high: float = 0.2, clip_alpha: float = 1.0, adv_beta: float = 1.0, dual_clip: float | None = 10.0,
+              sign: str = "paper", is_weights=None):
+    """HAPO's entropy-adaptive clipping and differential advantage redistribution.
+
+    With ``ĥ`` from :func:`hapo_entropy_hat` (over the batch's response tokens):
+
+    - **asymmetric adaptive clipping**: ``eps_low,t = clip_low (1 - clip_alpha ĥ)`` where
+      ``ĥ <= 0`` (low-entropy tokens may fall further), ``eps_high,t = clip_high (1 + clip_alpha
+      ĥ)`` where ``ĥ > 0`` (high-entropy tokens may rise further), the base bounds elsewhere;
+    - **advantage redistribution**: ``A^e = A (1 + adv_beta ĥ)``; a high-entropy token
+      (``ĥ > 0``) uses ``A`` inside the neutral band ``1 - eps_low,t / 2 < rho < 1 + eps_high,t / 2``
+      and ``A^e`` outside it, a low-entropy token the reverse;
+
+    then the dual-clipped PPO surrogate with those per-token bounds, token-mean over the batch.
+
+    Paper: "From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's Nature"
+    (HAPO), arXiv:2509.16591; code ``starriver030515/HAPO`` @7671dde (``ada_clip``,
+    ``ada_advantage``, ``compute_policy_loss``) and its recipe: ``clip_alpha = adv_beta = 1``,
+    ``clip_low = clip_high = 0.2``, dual clip 10, pivot 0.8, token-mean. The code computes ``ĥ``
+    per micro-batch from the current policy's entropy with the sign issue of
+    :func:`hapo_entropy_hat`; we use the sampling policy's entropy over the whole mini-batch and
+    the paper's sign (``sign="code"`` for the released behaviour). The token-level group average
+    advantages are the ``hapo`` estimator.
+
+    Returns:
+      ``(loss scalar, metrics)``: clip and ratio metrics, ``hapo_entropy_hat_mean``.
+    """
+    if dual_clip is not None:
+        _check_clip(0.0, 0.0, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    hat = hapo_entropy_hat(old_entropy, m, pivot=pivot, sign=sign)
+    eps_lo = jnp.where(hat <= 0, clip_low * (1.0 - clip_alpha * hat), clip_low)
+    eps_hi = jnp.where(hat > 0, clip_high * (1.0 + clip_alpha * hat), clip_high)
+    ratio = _ratio(lp, olp)
+    r0 = sg(ratio)
+    inside = (r0 > 1.0 - eps_lo / 2.0) & (r0 < 1.0 + eps_hi / 2.0)
+    a_e = adv * (1.0 + adv_beta * hat)
+    a = jnp.where(hat > 0, jnp.where(inside, adv, a_e), jnp.where(inside, a_e, adv))
+    per, met = _clipped_surrogate(ratio, jnp.clip(ratio, 1.0 - eps_lo, 1.0 + eps_hi), sg(a), m, clip_low, clip_high,
+                                  dual_clip)
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    loss = safe_divide(jnp.sum(jnp.where(m > 0, per, 0.0)), jnp.sum(m))
+    return loss, {**met, **ratio_metrics(lp - olp, m), "hapo_entropy_hat_mean": masked_mean(hat, m)}
+
+
+# ----------------------------------------------------------------------------------------- MDPO (per token)
+
+
+def mdpo_loss(logp, old_logp, advantages, mask, *, t: float = 1.0, is_weights=None):
+    """MDPO: the importance-weighted advantage with a mirror-descent KL to the sampling policy.
+
+    ``L_t = -rho_t A_t + (1 / t) (rho_t log rho_t - rho_t + 1)``, per token, no clipping: the second
+    term is a non-negative, low-variance sample estimate of ``KL(pi_theta || pi_old)`` (the
+    mirror-descent direction, ``E_old[rho log rho]``, minus the zero-mean ``rho - 1``). ``t`` is the
+    step size ``t_k``; the paper anneals it ``t_k = 1 - k / K`` over training (pass the scheduled
+    value; the loop keeps it fixed), and several SGD steps run on each batch
+    (``recipe.epochs``). At ``theta = theta_old`` the KL term and its gradient are 0.
+
+    Paper: "Mirror Descent Policy Optimization" (Tomar, Shani, Efroni and Ghavamzadeh),
+    arXiv:2005.09814; code ``manantomar/Mirror-Descent-Policy-Optimization`` @c9bd3ba
+    (``mdpo_on``, ``KL(pi_theta || pi_old)``). The paper is on continuous control; the per-token
+    estimator is our port to token-level policies (the code uses the exact Gaussian KL).
+
+    Returns:
+      ``(per_token [B, T], metrics)`` (aggregate with the recipe's mode), ``mdpo_kl`` the mean KL
+      estimate.
+    """
+    _checks.check_positive("t", t)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    d = jnp.clip(lp - olp, -_CLAMP, _CLAMP)
+    ratio = jnp.exp(d)
+    kl = ratio * d - ratio + 1.0
+    per = -adv * ratio + kl / t
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    return jnp.where(m > 0, per, 0.0), {**ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()),
+                                        "clip_frac_lower": jnp.zeros(()), "mdpo_kl": sg(masked_mean(kl, m))}

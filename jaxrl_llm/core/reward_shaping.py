@@ -1,0 +1,321 @@
+"""Reward designs of the seed papers: pure functions from per-row outcomes to rewards.
+
+Inputs are sequence-level (``[B]``): correctness flags, lengths, tool-call counts, flaw flags,
+component scores, answer clusters, a pairwise preference matrix, with ``group_ids [B]`` in
+``[0, num_groups)`` (static ``num_groups``) where a method compares the rows of a prompt and an
+optional ``valid [B]`` (rows outside take no part and get 0). Each returns ``[B]`` float32
+rewards (the method's reward, to be used in place of the verifier's; the loop's shaping parts add
+the difference), without gradient. The group-relative advantage is computed afterwards by the
+recipe's estimator (GRPO unless the paper says otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.core import _checks
+from jaxrl_llm.core.shaping import kimi_length_reward
+from jaxrl_llm.core.stats import group_sum, safe_divide
+
+__all__ = [
+    "thinkless_reward",
+    "grpo_lambda_reward",
+    "concise_reward",
+    "otc_tool_reward",
+    "fapo_reward",
+    "posterior_reward",
+    "empo_reward",
+    "self_play_win_rate",
+]
+
+sg = jax.lax.stop_gradient
+
+
+def _seq(name, x, b=None):
+    _checks.check_rank(name, x, 1)
+    if b is not None and _checks._shape(x)[0] != b:
+        raise ValueError(f"argument {name!r} must have shape ({b},), got {_checks._shape(x)}")
+    return _checks._shape(x)[0]
+
+
+def _valid(valid, b):
+    return jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+
+
+def thinkless_reward(correct: jnp.ndarray, short_mode: jnp.ndarray, *, short_reward: float = 1.0,
+                     think_reward: float = 0.5, wrong_reward: float = -1.0) -> jnp.ndarray:
+    """Thinkless's mode-dependent reward: ``short_reward`` for a correct answer in the short mode
+    (``<short>`` control token), ``think_reward`` for a correct one after thinking (``<think>``),
+    ``wrong_reward`` for a wrong one in either mode.
+
+    Paper: "Thinkless: LLM Learns When to Think" (Fang et al.), arXiv:2505.13379; values from the
+    authors' code (``VainF/Thinkless`` @aa225d2, ``deepscaler/rewards/math_reward.py``): 1.0, 0.5,
+    -1.0 (a format error is also -1.0: pass it as wrong).
+
+    Args:
+      correct: ``[B]`` bool. short_mode: ``[B]`` bool, the row answered in the short mode.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("short_mode", short_mode, b)
+    c, s = jnp.asarray(correct, bool), jnp.asarray(short_mode, bool)
+    return jnp.where(c, jnp.where(s, short_reward, think_reward), wrong_reward).astype(jnp.float32)
+
+
+def grpo_lambda_reward(correct: jnp.ndarray, lengths: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                       top_fraction: float = 0.5, length_weight: float = 1.0,
+                       valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """GRPO-lambda's per-group reward switch: a length penalty only for the most accurate groups.
+
+    Groups are ranked by their correctness ratio ``p_q``; the top ``ceil(top_fraction * n_groups)``
+    groups of the batch with ``p_q > 0`` (ties by group id) get ``c_i + length_weight * len_i`` with
+    Kimi k1.5's group length reward ``len_i`` (:func:`~jaxrl_llm.core.kimi_length_reward`:
+    ``0.5 - (L - L_min) / (L_max - L_min)`` for correct rows, ``min(0, .)`` for wrong ones); the
+    others keep the plain 0/1 reward ``c_i``. Penalising length only where the group is already
+    mostly right avoids the accuracy collapse of an always-on length penalty.
+
+    Paper: "Stable Reinforcement Learning for Efficient Reasoning" (GRPO-lambda), arXiv:2505.18086.
+    No code was released: the group ratio and the top-lambda selection are the paper's; the length
+    penalty form (Kimi k1.5's, on which the paper builds), ``length_weight`` and the default
+    ``top_fraction`` are our reading. ``top_fraction = 0`` is GRPO, 1 the always-on penalty.
+
+    Args:
+      correct: ``[B]`` bool. lengths: ``[B]`` response lengths. group_ids, num_groups, valid: as usual.
+      top_fraction: the fraction of the batch's groups that get the length penalty.
+      length_weight: weight of the length reward.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _checks.check_groups(group_ids, num_groups, b)
+    if not 0.0 <= top_fraction <= 1.0:
+        raise ValueError(f"argument 'top_fraction' must be in [0, 1], got {top_fraction!r}")
+    v = _valid(valid, b)
+    c = jnp.asarray(correct, bool) & (v > 0)
+    cnt = group_sum(v, group_ids, num_groups)
+    p = safe_divide(group_sum(c.astype(jnp.float32), group_ids, num_groups), cnt)
+    present = cnt > 0
+    n_groups = jnp.sum(present.astype(jnp.float32))
+    k = jnp.ceil(top_fraction * n_groups)
+    key = jnp.where(present & (p > 0), p, -1.0)
+    order = jnp.lexsort((jnp.arange(num_groups), -key))            # highest ratio first, ties by id
+    rank = jnp.zeros(num_groups, jnp.int32).at[order].set(jnp.arange(num_groups, dtype=jnp.int32))
+    chosen = (rank < k) & (key > 0)
+    length_r = kimi_length_reward(lengths, c, group_ids, num_groups, v > 0)
+    base = c.astype(jnp.float32)
+    out = jnp.where(chosen[group_ids], base + length_weight * length_r, base)
+    return sg(jnp.where(v > 0, out, 0.0))
+
+
+def concise_reward(correct: jnp.ndarray, lengths: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                   max_length: float, alpha: float = 1.0, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """ConciseR's L-GRPO reward: a length bonus only when every rollout of the prompt is correct.
+
+    ``r_i = 1 + alpha (1 - L_i / max_length)`` in a group whose rows are all correct ("walk before
+    you run"), ``r_i = c_i`` otherwise. In mixed groups this is GRPO; in an all-correct group the
+    normalised advantage is ``-(L - mean L) / std L`` whatever ``alpha > 0``.
+
+    Paper: "Walk Before You Run! Concise LLM Reasoning via Reinforcement Learning" (ConciseR),
+    arXiv:2505.21178. The gate is the paper's; the repository holds no code, so the linear bonus
+    and ``alpha = 1`` are our reading (arguments).
+
+    Args:
+      correct: ``[B]`` bool. lengths: ``[B]``. group_ids, num_groups, valid: as usual.
+      max_length: the response budget ``L_max`` (> 0). alpha: bonus weight.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _checks.check_groups(group_ids, num_groups, b)
+    _checks.check_positive("max_length", max_length)
+    v = _valid(valid, b)
+    c = jnp.asarray(correct, bool) & (v > 0)
+    all_ok = group_sum(c.astype(jnp.float32), group_ids, num_groups) >= group_sum(v, group_ids, num_groups)
+    bonus = 1.0 + alpha * (1.0 - _checks.as_float(lengths) / max_length)
+    out = jnp.where(all_ok[group_ids], bonus, c.astype(jnp.float32))
+    return sg(jnp.where(v > 0, out, 0.0))
+
+
+def otc_tool_reward(correct: jnp.ndarray, calls: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                    c: float = 1.0, alpha: float = 1.0, mode: str = "grpo",
+                    valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """OTC's tool-efficiency reward: correctness times a factor that peaks at the fewest calls.
+
+    ``r = alpha r_tool r_correct``. ``mode="ppo"``: ``r_tool = cos(m pi / (2m + c))`` (1 at no call,
+    toward 0 with many). ``mode="grpo"``: with ``n`` the fewest calls among the group's correct
+    rows, ``f(m, n) = 0`` if ``m = n = 0``, ``m`` if ``n = 0``, else the harmonic mean ``2nm / (m + n)``;
+    ``r_tool = 1`` if ``f = n = 0``, ``cos(m pi / (2m + c))`` if ``n = 0``, else
+    ``sin(f pi / (2n))`` (1 at ``m = n``, toward 0 as ``m`` grows, and 0 for ``m = 0 < n``: a
+    correct answer that skipped a needed call is worth no more than a wrong one).
+
+    Paper: "OTC: Optimal Tool Calls via Reinforcement Learning" (Wang et al.), arXiv:2504.14870. No
+    author code was found; the formulas are the paper's as quoted verbatim by two independent
+    sources, ``c = 1`` and ``alpha = 1`` their defaults. The paper's running per-question minimum
+    across epochs needs per-prompt state; here ``n`` is the batch group's.
+
+    Args:
+      correct: ``[B]`` bool. calls: ``[B]`` tool calls per response. group_ids, num_groups, valid.
+      c: smoothing constant. alpha: scale. mode: ``"grpo"`` or ``"ppo"``.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("calls", calls, b)
+    _checks.check_groups(group_ids, num_groups, b)
+    _checks.check_choice("mode", mode, ("grpo", "ppo"))
+    _checks.check_positive("c", c)
+    v = _valid(valid, b)
+    ok = jnp.asarray(correct, bool) & (v > 0)
+    m = jnp.maximum(_checks.as_float(calls), 0.0)
+    cos_r = jnp.cos(m * math.pi / (2.0 * m + c))
+    if mode == "ppo":
+        tool = cos_r
+    else:
+        big = jnp.float32(1e9)
+        n = jax.ops.segment_min(jnp.where(ok, m, big), group_ids, num_groups)
+        n = jnp.where(n >= big, 0.0, n)[group_ids]
+        f = jnp.where((m == 0) & (n == 0), 0.0, jnp.where(n == 0, m, safe_divide(2.0 * n * m, m + n)))
+        tool = jnp.where((f == 0) & (n == 0), 1.0,
+                         jnp.where(n == 0, cos_r, jnp.sin(f * math.pi / (2.0 * jnp.where(n > 0, n, 1.0)))))
+    return sg(jnp.where(ok, alpha * tool, 0.0))
+
+
+def fapo_reward(correct: jnp.ndarray, flawed: jnp.ndarray, *, penalty: float = 1.0) -> jnp.ndarray:
+    """FAPO's flaw-aware reward: ``+1`` correct, ``-1`` wrong, and ``penalty`` off a correct answer
+    whose reasoning a generative reward model flags as flawed (``1 - 1 = 0`` by default).
+
+    With group normalisation a flawed-correct row's advantage is proportional to ``(n_wrong -
+    n_clean) / G``: positive while wrong answers outnumber clean correct ones (it is still useful
+    then) and negative after, the paper's parameter-free exploit-then-suppress schedule.
+
+    Paper: "FAPO: Flawed-Aware Policy Optimization for Efficient and Reliable Reasoning",
+    arXiv:2510.22543; values from the authors' recipe (``verl-project/verl-recipe`` @48ea0a7,
+    ``fapo/reward_fn_reasoning.py``: ``FLAWED_REWARD_PENALTY = 1``). The flaw flag is any reward
+    function's output (the paper's FAPO-GenRM); wrong rows are never flagged.
+
+    Args:
+      correct: ``[B]`` bool. flawed: ``[B]`` bool. penalty: subtracted from flawed correct rows.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("flawed", flawed, b)
+    c = jnp.asarray(correct, bool)
+    r = jnp.where(c, 1.0, -1.0) - jnp.where(c & jnp.asarray(flawed, bool), penalty, 0.0)
+    return r.astype(jnp.float32)
+
+
+def posterior_reward(format_ok: jnp.ndarray, outcome: jnp.ndarray, thinking: jnp.ndarray) -> jnp.ndarray:
+    """Posterior-GRPO's reward: the process (thinking-quality) reward counts only on success.
+
+    ``R = R_f + R_o + R_o R_t`` with the format reward ``R_f``, the outcome ``R_o`` (1 when the
+    answer is right, e.g. all tests pass) and the thinking score ``R_t`` in ``[0, 1]`` of a
+    reasoning reward model; a wrong answer's reasoning earns nothing, so the policy cannot farm
+    process reward without solving.
+
+    Paper: "Posterior-GRPO: Rewarding Reasoning Processes in Code Generation", arXiv:2508.05170
+    (the sum as re-implemented by an independent library citing the paper; no author code). The
+    mapping of the reward model's score to ``[0, 1]`` is the caller's.
+
+    Args:
+      format_ok, outcome, thinking: ``[B]`` floats.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("format_ok", format_ok)
+    _seq("outcome", outcome, b)
+    _seq("thinking", thinking, b)
+    f, o, t = (_checks.as_float(x) for x in (format_ok, outcome, thinking))
+    return sg(f + o + o * t)
+
+
+def empo_reward(answer_ids: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                empty: jnp.ndarray | None = None, threshold: bool = True,
+                valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """EMPO's unsupervised reward: the share of the group that gave the same answer.
+
+    ``r_i = |C(i)| / G`` for the answer cluster ``C(i)`` of row ``i`` (semantic clusters: equal
+    extracted answers), 0 for a row without an answer; with ``threshold`` every row of a group
+    whose semantic entropy ``-sum_c p_c log p_c`` reaches ``log G`` (all answers distinct) gets 0
+    ("entropy thresholding": an unreliable prompt). Maximising it minimises the semantic entropy
+    of the policy's answers, with no label.
+
+    Paper: "Right Question is Already Half the Answer: Fully Unsupervised LLM Reasoning
+    Incentivization" (EMPO, Zhang et al.), arXiv:2504.05812; the authors' TRL version
+    (``QingyangZhang/EMPO`` @c5eccd4, ``get_empo_math_reward``): empty answers count in the
+    shares but get 0, threshold ``H < log G``. (Their verl version counts an empty answer as its
+    own cluster with reward ``1/G`` and drops the threshold: ``empty=None, threshold=False``.)
+
+    Args:
+      answer_ids: ``[B]`` cluster ids in ``[0, B)`` (equal only within a group).
+      group_ids, num_groups, valid: as usual. empty: optional ``[B]`` bool, the row has no answer.
+      threshold: apply the entropy threshold.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("answer_ids", answer_ids)
+    _checks.check_int("answer_ids", answer_ids)
+    _checks.check_groups(group_ids, num_groups, b)
+    v = _valid(valid, b)
+    ids = jnp.clip(jnp.asarray(answer_ids, jnp.int32), 0, b - 1)
+    size_c = jax.ops.segment_sum(v, ids, b)[ids]
+    cnt = group_sum(v, group_ids, num_groups)[group_ids]
+    p = safe_divide(size_c, cnt)
+    first = (v > 0) & (jax.ops.segment_min(jnp.where(v > 0, jnp.arange(b), b), ids, b)[ids] == jnp.arange(b))
+    h_terms = jnp.where(first & (p > 0), -p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
+    h = group_sum(h_terms, group_ids, num_groups)[group_ids]
+    r = p
+    if empty is not None:
+        _seq("empty", empty, b)
+        r = jnp.where(jnp.asarray(empty, bool), 0.0, r)
+    if threshold:
+        r = jnp.where(h < jnp.log(jnp.maximum(cnt, 1.0)) - 1e-6, r, 0.0)
+    return sg(jnp.where(v > 0, r, 0.0))
+
+
+def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                       valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Minimaximalist SPO's self-play reward: each response's win rate against the other responses
+    the policy sampled for the same prompt.
+
+    ``r_i = (1 / (G - 1)) sum_{j != i, same prompt} P(y_i > y_j)`` for a pairwise preference
+    ``P [B, B]`` (a judge's probability; ties 0.5); a one-response group gets the neutral 0.5. No
+    Bradley-Terry or transitivity assumption: the reward of the symmetric game's minimax winner.
+    With ``P(i > j) = 1[s_i > s_j] + 0.5 1[s_i = s_j]`` the reward is the normalised rank of ``s``.
+
+    Paper: "A Minimaximalist Approach to Reinforcement Learning from Human Feedback" (Swamy et
+    al.), arXiv:2401.04056 (the reward as the paper and its project page state it; self-comparison
+    excluded and ties 0.5 are our choices, constant shifts a group baseline removes).
+
+    Args:
+      preference: ``[B, B]`` float, ``P[i, j] = P(y_i preferred to y_j)`` (only same-group pairs read).
+      group_ids, num_groups, valid: as usual.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    _checks.check_rank("preference", preference, 2)
+    b = _checks._shape(preference)[0]
+    if _checks._shape(preference) != (b, b):
+        raise ValueError(f"argument 'preference' must be square [B, B], got {_checks._shape(preference)}")
+    _checks.check_groups(group_ids, num_groups, b)
+    v = _valid(valid, b) > 0
+    gid = jnp.asarray(group_ids)
+    pair = (gid[:, None] == gid[None]) & v[:, None] & v[None] & ~jnp.eye(b, dtype=bool)
+    pm = jnp.where(pair, _checks.as_float(preference), 0.0)
+    n = jnp.sum(pair, axis=1).astype(jnp.float32)
+    r = jnp.where(n > 0, jnp.sum(pm, axis=1) / jnp.maximum(n, 1.0), 0.5)
+    return sg(jnp.where(v, r, 0.0))

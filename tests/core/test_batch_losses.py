@@ -1,0 +1,250 @@
+"""Batch-coupled and paper surrogates (jaxrl_llm.core.batch_losses): hand values (the worked
+examples of the methods' sources, recomputed here), the papers' identities and limits, gradients
+that the methods promise, masked garbage ignored. (jit, vmap, bf16, all-masked: test_battery.py;
+micro-batch exactness of the coupled step: tests/training/test_coupled_step.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrl_llm.core as C
+
+
+def close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+def ragged(rows, width, fill=0.0):
+    x = np.full((len(rows), width), fill, np.float32)
+    m = np.zeros((len(rows), width), np.float32)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = r
+        m[i, :len(r)] = 1
+    return x, m
+
+
+# ------------------------------------------------------------------------------------------------- BAPO
+# one group, GRPO advantages [1.5, -.5, -.5, -.5], token ratios below (old_logp = 0)
+RATIOS = [[1.6, 1.3], [0.5, 1.0, 1.1, 0.7, 1.3], [0.95, 1.0, 0.55], [0.6, 0.85, 1.0, 1.2]]
+ADV_ROW = [1.5, -0.5, -0.5, -0.5]
+
+
+def bapo_batch():
+    r, m = ragged(RATIOS, 5, 1.0)
+    adv = np.array(ADV_ROW, np.float32)[:, None] * m
+    return np.log(r) * m, np.zeros_like(m), adv, m
+
+
+def test_bapo_search_paper_and_code_settings():
+    lp, old, adv, m = bapo_batch()
+    # at (0.6, 1.2): P = 2 x 1.2 x 1.5 = 3.6, N = 0.5 (4.7 + 2.55 + 3.65) = 5.45 -> share 0.3978 < 0.4;
+    # upper bound first: c_high 1.25 -> P = 3.75, share 3.75 / 9.2 = 0.4076 >= 0.4
+    lo, hi, share = C.bapo_bounds(lp, old, adv, m)
+    close([lo, hi, share], [0.6, 1.25, 3.75 / 9.2])
+    loss, met = C.bapo_loss(lp, old, adv, m)
+    per = np.array([-1.875, -1.875, .3, .5, .55, .35, .65, .475, .5, .3, .3, .425, .5, .6])
+    close(loss, per.mean())
+    assert float(met["bapo_c_high"]) == pytest.approx(1.25)
+    # the released YAML: lower bound first, ratio target 1; c_low to 0.8 lowers P/N, c_high to 2.0: never met
+    code = dict(target=1.0, target_kind="ratio", order="low_first", low_max=0.8, low_step=0.05, high_max=2.0,
+                high_step=0.05)
+    close(C.bapo_bounds(lp, old, adv, m, **code)[:2], [0.8, 2.0])
+    close(C.bapo_loss(lp, old, adv, m, **code)[0], 0.10357142857)
+    # counting only gradient-carrying tokens: both positive tokens clipped at 1.2, the upper bound climbs to 1.65
+    close(C.bapo_bounds(lp, old, adv, m, count="grad")[:2], [0.6, 1.65])
+
+
+def test_bapo_without_room_is_ppo_and_monotone_share():
+    lp, old, adv, m = bapo_batch()
+    fixed = dict(low_start=0.7, low_max=0.7, high_start=1.3, high_max=1.3)
+    loss, _ = C.bapo_loss(lp, old, adv, m, dual_clip=3.0, **fixed)
+    per, _ = C.ppo_clip_loss(lp, old, adv, m, clip_low=0.3, clip_high=0.3, dual_clip=3.0)
+    close(loss, C.aggregate(per, m, "token-mean"))
+    # on-policy (ratio 1) the bounds do not matter: the loss is -token-mean(A)
+    close(C.bapo_loss(np.zeros_like(lp), old, adv, m)[0], -np.sum(adv) / np.sum(m))
+    with pytest.raises(ValueError, match="low_max < 1 < high_start"):
+        C.bapo_bounds(lp, old, adv, m, low_max=1.1)
+
+
+# ------------------------------------------------------------------------------------------------- DisCO / DRPO
+DL = [[-.2, -.5, -.1], [-1, -.3, -.6, -.2, -.4], [-.9, -.7], [-.3, -.1, -.4, -.2]]
+DD = [[.02, -.01, 0], [.03, 0, .01, -.02, 0], [.05, .01], [0, .01, .02, -.01]]  # old_logp - logp
+SC = np.array([1, 0, 0, 1], np.float32)
+G0 = np.zeros(4, np.int32)
+
+
+def disco_batch():
+    lp, m = ragged(DL, 5)
+    d, _ = ragged(DD, 5)
+    return lp, lp + d, np.zeros_like(m), m
+
+
+def test_disco_hand_values():
+    lp, old, adv, m = disco_batch()
+    s = np.array([-0.8 / 3, -0.5, -0.8, -0.25])
+    neg = 10 * np.log(np.mean(np.exp(s[[1, 2]] / 10)))
+    j = s[[0, 3]].mean() - neg                                    # 0.390542
+    kappa = 0.11 / 14
+    loss, met = C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0)
+    close(loss, -j + 0.5 * 1e3 * (kappa - 1e-4) ** 2)            # -0.360455
+    close(met["disco_objective"], j)
+    close(met["disco_kl"], kappa)
+    close(C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, objective="disco_b", beta=0.0)[0],
+          -(s[[0, 3]].mean() - s[[1, 2]].mean()))                # -0.391667
+    ratio_s = np.array([np.mean(np.exp(-np.array(d))) for d in DD])
+    j_r = ratio_s[[0, 3]].mean() - np.log(np.mean(np.exp(ratio_s[[1, 2]])))
+    close(C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, score="Lratio", beta=0.0)[0], -j_r)  # -0.012441
+
+
+def test_disco_gradient_weights_and_limits():
+    lp, old, adv, m = disco_batch()
+    g = jax.grad(lambda x: C.disco_loss(x, old, adv, m, scores=SC, group_ids=G0, beta=0.0)[0])(jnp.asarray(lp))
+    g = np.asarray(g)
+    # positives: -1/2 per row spread over its tokens; negatives: softmax weights (s_j / tau) spread likewise
+    s = np.array([-0.8 / 3, -0.5, -0.8, -0.25])
+    w = np.exp(s[[1, 2]] / 10) / np.exp(s[[1, 2]] / 10).sum()
+    close(g[0, :3], -0.5 / 3)
+    close(g[3, :4], -0.5 / 4)
+    close([g[1, 0] * 5, g[2, 0] * 2], w)                          # [0.507499, 0.492501]
+    assert np.all(g[m == 0] == 0)
+    # tau -> infinity: DisCO-b
+    close(C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, tau=100.0, beta=0.0)[0],
+          C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, objective="disco_b", beta=0.0)[0], 1e-3)
+    # all-right / all-wrong groups count in Q but contribute nothing; scores other than 0/1 are ignored
+    lp2 = np.concatenate([lp, lp])
+    both = C.disco_loss(lp2, np.concatenate([old, old]), np.zeros_like(lp2), np.concatenate([m, m]),
+                        scores=np.concatenate([SC, np.zeros(4, np.float32)]),
+                        group_ids=np.repeat([0, 1], 4).astype(np.int32), beta=0.0)[0]
+    close(both, C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, beta=0.0)[0] / 2)
+    with pytest.raises(ValueError, match="importance weights"):
+        C.disco_loss(lp, old, adv, m, scores=SC, group_ids=G0, is_weights=np.ones_like(m))
+
+
+def test_drpo_hand_values_and_properties():
+    s_rows, lens = [-.5, -1., -.8, -.3], [3, 5, 2, 4]
+    lp = np.zeros((4, 8), np.float32)
+    m = np.zeros((4, 8), np.float32)
+    for i, (v, n) in enumerate(zip(s_rows, lens)):
+        lp[i, :n], m[i, :n] = v, 1
+    loss, met = C.drpo_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0)
+    w = np.exp((1 - np.array([3, 4]) / 8) / 0.1)
+    neg = 10 * np.log(np.mean(np.exp(np.array([-1.0, -0.8]) / 10)))
+    want = np.sum(w / w.sum() * (np.array([-0.5, -0.3]) - neg))   # 0.44404
+    close(loss, -want)
+    # every correct row is pushed up, the shorter one more; lam -> inf is DisCO-logL
+    g = np.asarray(jax.grad(lambda x: C.drpo_loss(x, lp, np.zeros_like(m), m, scores=SC, group_ids=G0)[0])(
+        jnp.asarray(lp)))
+    assert g[0, 0] < 0 and g[3, 0] < 0 and abs(g[0, :3].sum()) > abs(g[3, :4].sum())
+    close(C.drpo_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0, lam=1e9)[0],
+          C.disco_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0)[0], 1e-5)
+    # the response width is the batch's: columns from the first response position (after a prompt of 2)
+    pad = np.concatenate([np.zeros((4, 2), np.float32), m], 1)
+    close(C.drpo_loss(np.concatenate([np.zeros((4, 2), np.float32), lp], 1),
+                      np.concatenate([np.zeros((4, 2), np.float32), lp], 1), np.zeros_like(pad), pad, scores=SC,
+                      group_ids=G0)[0], loss)
+
+
+# ------------------------------------------------------------------------------------------------- Thinkless
+
+
+def test_thinkless_hand_values():
+    a_row = [1.125, 0.625, -0.875, -0.875]                          # Dr.GRPO of r = [1, .5, -1, -1]
+    _, m = ragged([[0] * n for n in (3, 5, 2, 4)], 5)
+    adv = np.array(a_row, np.float32)[:, None] * m
+    f = lambda lp: C.thinkless_loss(lp, jnp.zeros_like(lp), adv, m)[0]  # noqa: E731
+    close(f(jnp.zeros((4, 5))), -(1.125 * 2 + 0.625 * 4 - 0.875 * 1 - 0.875 * 3) / 10)
+    g = np.asarray(jax.grad(f)(jnp.zeros((4, 5))))
+    close(g[:, 0], -1e-3 * np.array(a_row) / 4)                    # control tokens: alpha x mean over rows
+    close(g[1, 1:5], -0.625 / 10)                                   # response tokens: token mean over 10
+    # alpha = 1 and one token per row: a plain mean over rows
+    m1 = np.zeros((4, 5), np.float32)
+    m1[:, 0] = 1
+    close(C.thinkless_loss(np.zeros((4, 5)), np.zeros((4, 5)), adv * m1, m1, alpha=1.0)[0], -np.mean(a_row))
+
+
+# ------------------------------------------------------------------------------------------------- P3O
+
+
+def test_p3o_hand_values_and_identities():
+    lp = np.array([[0.3, 0.0], [-0.1, 0.0]], np.float32)
+    m, old, r, g = np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32), np.array([1., 0.]), np.array([0, 0])
+    close(C.p3o_loss(lp, old, np.zeros_like(m), m, scores=r, group_ids=g)[0], -0.6 + 0.5 * np.exp(-0.1))
+    close(C.p3o_loss(lp, old, np.zeros_like(m), m, scores=r, group_ids=g, variant="joint")[0], -0.6)
+    # shift invariance, and at theta_old both variants give the pairwise policy gradient -Delta/2 (grad l_1 - grad l_2)
+    for v in ("separate", "joint"):
+        close(C.p3o_loss(lp, old, np.zeros_like(m), m, scores=r + 3.0, group_ids=g, variant=v)[0],
+              C.p3o_loss(lp, old, np.zeros_like(m), m, scores=r, group_ids=g, variant=v)[0])
+        gr = np.asarray(jax.grad(lambda x: C.p3o_loss(x, old, np.zeros_like(m), m, scores=r, group_ids=g,
+                                                       variant=v)[0])(jnp.zeros((2, 2))))
+        close(gr, [[-0.5, -0.5], [0.5, 0.5]])
+    # three samples: the mean over the three pairs
+    lp3, m3 = np.zeros((3, 2), np.float32), np.ones((3, 2), np.float32)
+    r3 = np.array([1., 0., 0.5])
+    g3 = np.asarray(jax.grad(lambda x: C.p3o_loss(x, lp3, lp3, m3, scores=r3, group_ids=np.zeros(3, np.int32))[0])(
+        jnp.asarray(lp3)))
+    want = -np.array([0.5 + 0.25, -0.5 - 0.25, -0.25 + 0.25]) / 3   # sum of +-Delta/2 over each row's pairs / 3
+    close(g3[:, 0], want)
+
+
+# ------------------------------------------------------------------------------------------------- HAPO, MDPO
+H = np.array([[.01, .05, .1, .2, .5, 1.0, 2.0, .02, .3, 1.5]], np.float32)
+
+
+def test_hapo_entropy_hat_hand_values():
+    hat = np.asarray(C.hapo_entropy_hat(H, np.ones_like(H)))
+    close(hat, [[-1, -.6506, -.4997, -.3493, -.1506, 0, 1, -.8494, -.2608, .5850]], 2e-3)
+    close(C.hapo_entropy_hat(H, np.ones_like(H), sign="code"), np.abs(hat), 1e-6)  # the released sign
+
+
+def test_hapo_loss_hand_values():
+    rho = np.array([[1, 1.2, .85, 1.05, .95, 1, 1.2, .85, 1.05, .95]], np.float32)
+    m = np.ones_like(rho)
+    hat = np.asarray(C.hapo_entropy_hat(H, m))[0]
+    eps_lo = np.where(hat <= 0, 0.2 * (1 - hat), 0.2)
+    eps_hi = np.where(hat > 0, 0.2 * (1 + hat), 0.2)
+    inside = (rho[0] > 1 - eps_lo / 2) & (rho[0] < 1 + eps_hi / 2)
+    a_e = 1 + hat
+    a = np.where(hat > 0, np.where(inside, 1, a_e), np.where(inside, a_e, 1))
+    close(a[6], 2.0)                                              # token 7: high entropy, outside the band
+    per = np.maximum(-a * rho[0], -a * np.clip(rho[0], 1 - eps_lo, 1 + eps_hi))
+    loss, _ = C.hapo_loss(np.log(rho), np.zeros_like(rho), m, m, old_entropy=H)
+    close(loss, per.mean(), 1e-5)
+    close(per[6], -2.4)
+
+
+def test_mdpo_hand_values_and_kl_gradient_zero_on_policy():
+    lp = np.array([[0.1, -0.2, 0.0]], np.float32)
+    per, met = C.mdpo_loss(lp, np.zeros_like(lp), np.array([[1., -1., .5]]), np.ones_like(lp), t=0.5)
+    r = np.exp(lp[0])
+    close(per[0], -np.array([1., -1., .5]) * r + (r * lp[0] - r + 1) / 0.5)
+    close(np.mean(per), -0.246901)
+    g = jax.grad(lambda x: jnp.sum(C.mdpo_loss(x, jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.ones((1, 3)))[0]))(
+        jnp.zeros((1, 3)))
+    assert np.all(np.asarray(g) == 0)
+
+
+# ------------------------------------------------------------------------------------------------- shared
+
+
+CASES = {
+    "bapo": lambda lp, old, a, m: C.bapo_loss(lp, old, a, m)[0],
+    "disco": lambda lp, old, a, m: C.disco_loss(lp, old, a, m, scores=SC, group_ids=G0)[0],
+    "drpo": lambda lp, old, a, m: C.drpo_loss(lp, old, a, m, scores=SC, group_ids=G0)[0],
+    "thinkless": lambda lp, old, a, m: C.thinkless_loss(lp, old, a, m)[0],
+    "p3o": lambda lp, old, a, m: C.p3o_loss(lp, old, a, m, scores=SC, group_ids=G0, variant="joint")[0],
+    "hapo": lambda lp, old, a, m: C.hapo_loss(lp, old, a, m, old_entropy=jnp.abs(jnp.nan_to_num(old)) + 0.1)[0],
+    "mdpo": lambda lp, old, a, m: jnp.sum(C.mdpo_loss(lp, old, a, m)[0]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_garbage_outside_the_mask_changes_nothing_and_gets_no_gradient(name):
+    lp, old, _, m = disco_batch()
+    adv = np.array([1.0, -0.5, 0.3, 0.8], np.float32)[:, None] * m
+    f = CASES[name]
+    bad = np.where(m > 0, lp, np.nan).astype(np.float32)
+    bad_old = np.where(m > 0, old, 1e9).astype(np.float32)
+    close(f(bad, bad_old, np.where(m > 0, adv, np.inf), m), f(lp, old, adv, m))
+    g = np.asarray(jax.grad(lambda x: f(x, bad_old, np.where(m > 0, adv, np.inf), m))(jnp.asarray(bad)))
+    assert np.all(np.isfinite(g)) and np.all(g[m == 0] == 0) and np.any(g != 0)

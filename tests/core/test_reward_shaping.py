@@ -1,0 +1,101 @@
+"""The papers' reward designs (jaxrl_llm.core.reward_shaping): hand values from the methods'
+sources, their identities and edge cases, invalid rows. (jit, vmap, bf16: test_battery.py.)"""
+
+import numpy as np
+import pytest
+
+import jaxrl_llm.core as C
+
+G1 = np.zeros(4, np.int32)
+
+
+def close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+def test_thinkless_reward_table():
+    close(C.thinkless_reward(np.array([1, 1, 0, 0], bool), np.array([1, 0, 0, 1], bool)), [1, 0.5, -1, -1])
+    # with Dr.GRPO advantages the example of the paper's code: r = [1, .5, -1, -1] -> A = [1.125, .625, -.875, -.875]
+    r = np.asarray(C.thinkless_reward(np.array([1, 1, 0, 0], bool), np.array([1, 0, 0, 1], bool)))
+    close(r - r.mean(), [1.125, 0.625, -0.875, -0.875])
+
+
+def test_grpo_lambda_selects_the_most_accurate_groups():
+    c = np.array([1, 1, 1, 0, 1, 0, 0, 0], bool)
+    L = np.array([3, 5, 2, 4, 3, 5, 2, 4], np.float32)
+    g = np.repeat([0, 1], 4).astype(np.int32)
+    r = C.grpo_lambda_reward(c, L, g, 2, top_fraction=0.5)
+    # group 0 (p = .75) selected: Kimi length reward 0.5 - (L - 2) / 3, wrong rows min(0, .)
+    close(r, [1 + 1 / 6, 1 - 0.5, 1 + 0.5, -1 / 6, 1, 0, 0, 0], 1e-5)
+    close(C.grpo_lambda_reward(c, L, g, 2, top_fraction=0.0), c.astype(np.float32))      # GRPO's reward
+    both = np.asarray(C.grpo_lambda_reward(c, L, g, 2, top_fraction=1.0))
+    assert both[4] != 1 and both[5] <= 0                                                  # every group penalised
+    # a group with no correct answer is never selected
+    z = np.zeros(8, bool)
+    close(C.grpo_lambda_reward(z, L, g, 2, top_fraction=1.0), np.zeros(8))
+
+
+def test_concise_reward_and_its_identity():
+    r = C.concise_reward(np.ones(4, bool), np.array([3, 5, 2, 4.]), G1, 1, max_length=8)
+    close(r, [1.625, 1.375, 1.75, 1.5])
+    a = C.grpo_advantages(np.asarray(r), np.ones((4, 1)), G1, 1)[:, 0]
+    lens = np.array([3, 5, 2, 4.])
+    close(a, -(lens - lens.mean()) / (lens.std(ddof=1) + 1e-6 * 8), 1e-4)  # -GRPO(L) in an all-correct group
+    mixed = np.array([1, 0, 1, 1], bool)
+    close(C.concise_reward(mixed, lens, G1, 1, max_length=8), mixed.astype(np.float32))
+
+
+def test_otc_tool_reward():
+    g = np.zeros(4, np.int32)
+    close(C.otc_tool_reward(np.array([0, 1, 1, 1], bool), np.array([0, 1, 2, 3.]), g, 1),
+          [0, 1, np.sin(np.pi * 4 / 3 / 2), np.sin(np.pi * 1.5 / 2)])          # n = 1: peaks at one call
+    # n = 0 (a correct answer without calls): 1 at no call, cos(m pi / (2m + 1)) otherwise
+    close(C.otc_tool_reward(np.ones(3, bool), np.array([0, 1, 2.]), np.zeros(3, np.int32), 1),
+          [1, 0.5, np.cos(2 * np.pi / 5)])
+    # the fewest calls among the correct rows score 1; wrong rows 0 whatever their calls
+    close(C.otc_tool_reward(np.array([1, 1], bool), np.array([0., 0.]), np.zeros(2, np.int32), 1), [1, 1])
+    close(C.otc_tool_reward(np.array([1, 1, 0], bool), np.array([2., 1., 1.]), np.zeros(3, np.int32), 1)[1:], [1, 0])
+    close(C.otc_tool_reward(np.ones(3, bool), np.array([0, 1, 2.]), np.zeros(3, np.int32), 1, mode="ppo"),
+          [1, 0.5, np.cos(2 * np.pi / 5)])
+
+
+def test_fapo_reward_and_majority_guided_sign():
+    r = np.asarray(C.fapo_reward(np.array([1, 1, 0, 1], bool), np.array([0, 1, 0, 0], bool)))
+    close(r, [1, 0, -1, 1])
+    close(C.grpo_advantages(r, np.ones((4, 1)), G1, 1)[:, 0], [0.7833, -0.2611, -1.3056, 0.7833], 1e-4)
+    # the flawed row's advantage has the sign of (n_wrong - n_clean)
+    many_wrong = np.asarray(C.fapo_reward(np.array([1, 0, 0, 1], bool), np.array([1, 0, 0, 0], bool)))
+    assert C.grpo_advantages(many_wrong, np.ones((4, 1)), G1, 1)[0, 0] > 0
+    # wrong rows are never penalised further
+    close(C.fapo_reward(np.array([0], bool), np.array([1], bool)), [-1])
+
+
+def test_posterior_reward():
+    r = C.posterior_reward(np.array([1, 1, 0, 1.]), np.array([1, 0, 0, 1.]), np.array([.8, .9, .3, .4]))
+    close(r, [2.8, 1.0, 0.0, 2.4])
+    close(C.grpo_advantages(np.asarray(r), np.ones((4, 1)), G1, 1)[:, 0], [0.9692, -0.4265, -1.2018, 0.6591], 1e-4)
+
+
+def test_empo_reward():
+    close(C.empo_reward(np.array([0, 0, 2, 3]), G1, 1, empty=np.array([0, 0, 0, 1], bool)), [0.5, 0.5, 0.25, 0])
+    close(C.empo_reward(np.array([0, 1, 2, 3]), G1, 1), np.zeros(4))          # all distinct: thresholded
+    close(C.empo_reward(np.array([0, 1, 2, 3]), G1, 1, threshold=False), np.full(4, 0.25))
+    close(C.empo_reward(np.array([0, 0, 0, 0]), G1, 1), np.ones(4))
+    # two groups, an invalid row
+    r = C.empo_reward(np.array([0, 0, 2, 3, 4, 4, 4, 4]), np.repeat([0, 1], 4), 2,
+                      valid=np.array([1, 1, 1, 1, 1, 1, 1, 0], bool))
+    close(r, [0.5, 0.5, 0.25, 0.25, 1, 1, 1, 0])
+
+
+def test_self_play_win_rate():
+    s = np.array([1, 0, 0, 1.])
+    hard = (s[:, None] > s[None]) + 0.5 * (s[:, None] == s[None])
+    close(C.self_play_win_rate(hard, G1, 1), [5 / 6, 1 / 6, 1 / 6, 5 / 6])
+    soft = 1 / (1 + np.exp(-(s[:, None] - s[None])))
+    close(C.self_play_win_rate(soft, G1, 1), [0.654039, 0.345961, 0.345961, 0.654039], 1e-5)
+    # intransitive preferences are fine: rock-paper-scissors gives everyone 1/2
+    rps = np.array([[.5, 1, 0], [0, .5, 1], [1, 0, .5]])
+    close(C.self_play_win_rate(rps, np.zeros(3, np.int32), 1), [0.5, 0.5, 0.5])
+    close(C.self_play_win_rate(np.ones((1, 1)), np.zeros(1, np.int32), 1), [0.5])  # no opponent
+    with pytest.raises(ValueError, match="square"):
+        C.self_play_win_rate(np.ones((2, 3)), np.zeros(2, np.int32), 1)

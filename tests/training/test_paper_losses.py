@@ -1,0 +1,100 @@
+"""The seed papers' surrogates and reward designs in the loop (the toy task of
+test_rl_recipes_extra.py): every preset and part runs two steps with finite metrics, coupled
+losses see whole groups per mini-batch, and shaping parts write the method's reward."""
+
+import numpy as np
+import pytest
+
+import jaxrl_llm.core as core
+from jaxrl_llm.algorithms import SHAPING, ShapingInputs
+from jaxrl_llm.training import recipe
+from test_rl_recipes_extra import TARGET, make, target_frac
+
+
+def binary(prompts, completions, completion_ids, **_):
+    """1 when a completion holds the target token at least twice (a 0/1 reward for DisCO-type losses)."""
+    return [float(sum(t == TARGET for t in ids) >= 2) for ids in completion_ids]
+
+
+def calls(prompts, completions, completion_ids, **_):
+    return [float(sum(t == 3 for t in ids)) for ids in completion_ids]
+
+
+# two presets by default (a coupled loss with group columns and one with the entropy provider); the rest compile a
+# train step each (~10 s): -m slow
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name,kw", [
+    pytest.param("loop", {}, marks=_SLOW), ("disco", {}), pytest.param("drpo", {}, marks=_SLOW),
+    pytest.param("bapo", {"g": 4, "epochs": 1, "num_minibatches": 2}, marks=_SLOW), ("hapo", {"g": 4}),
+    pytest.param("thinkless", {"ref": True}, marks=_SLOW), pytest.param("mdpo", {"epochs": 2}, marks=_SLOW),
+    pytest.param("p3o", {}, marks=_SLOW),
+])
+def test_presets_run_two_steps(name, kw):
+    kw = dict(kw)
+    g = kw.pop("g", recipe(name).num_samples if recipe(name).num_samples <= 8 else 4)
+    tr = make(name, g=g, reward=[binary] if name in ("disco", "drpo") else [target_frac], **kw)
+    hist = [tr.step() for _ in range(2)]
+    for m in hist:
+        bad = {k: v for k, v in m.items() if isinstance(v, float) and not np.isfinite(v)}
+        assert not bad, (name, bad)
+    assert hist[-1]["skipped_updates"] == 0
+    if tr.recipe.objective.coupled:
+        assert any(k.startswith("policy/") for k in hist[-1])
+
+
+def test_disco_minibatches_hold_whole_groups_and_match_one_minibatch():
+    """With two mini-batches of whole groups and one epoch on-policy, the coupled loss of each
+    mini-batch is DisCO over its groups; the run completes and the logged objective is finite."""
+    tr = make("disco", g=4, reward=[binary], num_minibatches=2)
+    m = tr.step()
+    assert np.isfinite(m["policy/disco_kl"]) and m["policy/disco_groups"] >= 0
+
+
+@pytest.mark.slow
+def test_bapo_logs_its_bounds():
+    tr = make("bapo", g=4, reward=[target_frac], epochs=2, num_minibatches=2)
+    m = [tr.step() for _ in range(2)][-1]
+    assert 0.6 - 1e-6 <= m["policy/bapo_c_low"] <= 0.9 + 1e-6 and 1.2 - 1e-6 <= m["policy/bapo_c_high"] <= 3.0 + 1e-6
+
+
+def _inputs(scores, lengths, per_fn=None, texts=()):
+    n = len(scores)
+    return ShapingInputs(np.asarray(scores, np.float32), np.asarray(lengths), np.repeat(np.arange(n // 4), 4), n // 4,
+                         8, per_fn or {}, tuple(texts))
+
+
+def test_shaping_parts_write_the_methods_rewards():
+    x = _inputs([1, 1, 0, 0], [3, 5, 2, 4], texts=["<short> 4", "<think> long 4", "<think> 5", "<short> 7"])
+    shaped = x.scores + SHAPING["thinkless"].fn(x)
+    np.testing.assert_allclose(shaped, [1, 0.5, -1, -1])
+    x = _inputs([1, 1, 1, 1], [3, 5, 2, 4])
+    np.testing.assert_allclose(x.scores + SHAPING["concise"].fn(x), core.concise_reward(
+        np.ones(4, bool), np.array([3, 5, 2, 4.]), np.zeros(4, np.int32), 1, max_length=8))
+    x = _inputs([0, 1, 1, 1], [1, 1, 1, 1], texts=["a", "<tool_call>x</tool_call>", "<tool_call>" * 2, "<tool_call>" * 3])
+    np.testing.assert_allclose(x.scores + SHAPING["otc"].fn(x), [0, 1, np.sin(np.pi * 4 / 3 / 2),
+                                                                   np.sin(np.pi * 1.5 / 2)], atol=1e-6)
+    x = _inputs([1, 1, 0, 1], [1] * 4, per_fn={"gen_rm": np.array([0., 1., 1., 0.])})
+    np.testing.assert_allclose(x.scores + SHAPING["fapo"].fn(x, flaw_metric="gen_rm"), [1, 0, -1, 1])
+    x = _inputs([0] * 4, [1] * 4, per_fn={"fmt": np.array([1, 1, 0, 1.]), "acc": np.array([1, 0, 0, 1.]),
+                                          "think": np.array([.8, .9, .3, .4])})
+    np.testing.assert_allclose(x.scores + SHAPING["posterior"].fn(x, format_metric="fmt", outcome_metric="acc",
+                                                                  thinking_metric="think"), [2.8, 1, 0, 2.4], atol=1e-6)
+    x = _inputs([0] * 4, [1] * 4, texts=["so 2", "#### 2", "3", "no answer"])
+    np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x), [0.5, 0.5, 0.25, 0])
+    x = _inputs([1, 0, 0, 1], [1] * 4)
+    np.testing.assert_allclose(x.scores + SHAPING["self_play"].fn(x), [5 / 6, 1 / 6, 1 / 6, 5 / 6], atol=1e-6)
+    x = _inputs([1, 1, 1, 0, 1, 0, 0, 0], [3, 5, 2, 4, 3, 5, 2, 4])
+    np.testing.assert_allclose(x.scores + SHAPING["grpo_lambda"].fn(x), core.grpo_lambda_reward(
+        x.scores > 0, np.asarray(x.lengths, np.float32), np.repeat([0, 1], 4), 2), atol=1e-6)
+
+
+@pytest.mark.parametrize("shaping", ["grpo_lambda", "concise", "otc", "empo", "self_play",
+                                     {"name": "fapo", "flaw_metric": "calls"},
+                                     {"name": "posterior", "format_metric": "calls", "outcome_metric": "target_frac",
+                                      "thinking_metric": "target_frac"}])
+def test_shaping_parts_run_in_the_loop(shaping):
+    tr = make("grpo", g=4, reward=[target_frac, calls], shaping=shaping)
+    m = [tr.step() for _ in range(2)][-1]
+    assert np.isfinite(m["rewards/shaped/mean"])
