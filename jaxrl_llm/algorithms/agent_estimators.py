@@ -153,3 +153,31 @@ def spa(x, *, alpha: float = 1.0, beta: float = 0.5, gamma: float = 1.0, lam: fl
     rewards = core.place_turn_rewards(r, x["turn_ids"], x["mask"])
     adv, ret = core.multiturn_gae_advantages(rewards, x["values"], x["mask"], gamma=gamma, lam=lam, whiten=whiten)
     return Advantages(adv, ret)
+
+
+@register_estimator("poad", paper="Reinforcing Language Agents via Policy Optimization with Action Decomposition "
+                                  "(POAD, Wen et al.), arXiv:2405.15821",
+                    core=("poad_advantages", "place_turn_rewards"), requires=("turn_rewards", "turn_ids", "values"),
+                    methods=(84,), verified="hand values (the authors' code's recursion), paper identity (one-token "
+                                            "actions: turn-level GAE)", tests=_TESTS,
+                    note="token-level GAE inside each action (no discount), gamma across actions; with a critic")
+def poad(x, *, gamma: float = 0.95, lam: float = 0.95, whiten: bool = True) -> Advantages:
+    """POAD: Bellman backup with action decomposition over the policy tokens of an episode."""
+    rewards = core.place_turn_rewards(x["turn_rewards"], x["turn_ids"], x["mask"])
+    adv, ret = core.poad_advantages(rewards, x["values"], x["mask"], x["turn_ids"], gamma=gamma, lam=lam,
+                                    whiten=whiten)
+    return Advantages(adv, ret)
+
+
+@register_estimator("eapo", paper="IterResearch: Rethinking Long-Horizon Agents via Markovian State Reconstruction "
+                                  "(EAPO), arXiv:2511.07327",
+                    core=("eapo_turn_advantages", "broadcast_turns"), requires=("turn_mask", "turn_ids"),
+                    group_relative=True, methods=(1,), verified="hand values, paper identity (gamma = 1)",
+                    tests=_TESTS,
+                    note="each round rewarded gamma^(rounds to go) x outcome, normalised over the group's rounds; "
+                         "gamma has no default (the paper's value was not found)")
+def eapo(x, *, gamma: float, scale_by_std: bool = True, epsilon: float = 1e-6) -> Advantages:
+    """IterResearch's efficiency-aware per-round credit."""
+    adv = core.eapo_turn_advantages(x["scores"], x["turn_mask"], x["group_ids"], x.num_groups, gamma=gamma,
+                                    scale_by_std=scale_by_std, epsilon=epsilon, valid=x.get("valid"))
+    return _tokens(x, adv)

@@ -27,6 +27,8 @@ and, only when it lists them in ``requires``:
   at each response position;
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
   function that does not apply to a row counts 0);
+* ``truncated [N]`` float32: 1 where the response was cut by the length budget (no stop token),
+  0 where it finished;
 * ``answer_ids [N]`` int32: the answer cluster of each row (the recipe's clusterer over the
   decoded completions, :mod:`jaxrl_llm.algorithms.answers`), in ``[0, N)``, equal only for rows
   of one prompt with equivalent answers;
@@ -79,6 +81,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "component_scores": "components",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",
+                                   # 1 where the response did not finish (cut by the length budget), [N]
+                                   "truncated": "sequence",
                                    # multi-turn episodes (the agent loop only): [N, K] per policy turn,
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
@@ -314,4 +318,16 @@ def optimal_token_baseline(x, *, align: str = "position", handle_zero_tail: bool
     adv, ret = core.optimal_token_baseline_advantages(
         x["token_rewards"], x["old_logp"], x["sum_pi_squared"], x["mask"], x["group_ids"], x.num_groups,
         align=align, handle_zero_tail=handle_zero_tail, epsilon=epsilon, valid=x.get("valid"))
+    return Advantages(adv, ret)
+
+
+@register_estimator("egae", paper="Truncated Proximal Policy Optimization (T-PPO), arXiv:2506.15050",
+                    core=("egae_advantages", "clipped_value_loss"), requires=("token_rewards", "values", "truncated"),
+                    methods=(24,), verified="hand values, paper identity (no truncation: GAE)", tests=_GROUP_TESTS,
+                    note="GAE that bootstraps responses cut by the length budget (V(s_l) = V(s_{l-1})) instead of "
+                         "scoring them; the paper's windowed successive sampling is not implemented")
+def egae(x, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> Advantages:
+    """T-PPO's Extended GAE with a learned critic; truncated responses are bootstrapped."""
+    adv, ret = core.egae_advantages(x["token_rewards"], x["values"], x["mask"], x["truncated"] > 0, gamma=gamma,
+                                    lam=lam, whiten=whiten)
     return Advantages(adv, ret)

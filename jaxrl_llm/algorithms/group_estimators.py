@@ -141,3 +141,29 @@ def loop(x, *, abs_threshold: float = 0.01) -> Advantages:
     adv = core.rloo_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, valid=x.get("valid"),
                                singleton="zero")
     return Advantages(core.drop_small_advantages(adv, x["mask"], abs_threshold))
+
+
+@register_estimator("hicra", paper="Emergent Hierarchical Reasoning in LLMs through Reinforcement Learning (HICRA), "
+                                   "arXiv:2509.03646",
+                    core=("hicra_advantages", "grpo_advantages"), requires=("old_entropy",), group_relative=True,
+                    methods=(113,), tests=_T, verified="hand values, paper identity (alpha = 0: GRPO)",
+                    note="GRPO advantages amplified by (1 + alpha) on the high-entropy tokens of correct responses "
+                         "longer than their group's mean (the authors' VeRL form); the paper's planning-token form is "
+                         "core.hicra_advantages(form='paper', planning_mask=...)")
+def hicra(x, *, alpha: float = 0.2, entropy_top: float = 0.3, epsilon: float = 1e-6) -> Advantages:
+    """HICRA: credit concentrated on high-entropy (planning) tokens of long correct responses."""
+    base = core.grpo_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, epsilon=epsilon,
+                                valid=x.get("valid"))
+    return Advantages(core.hicra_advantages(base, x["mask"], x["group_ids"], x.num_groups, entropy=x["old_entropy"],
+                                            alpha=alpha, entropy_top=entropy_top, valid=x.get("valid")))
+
+
+@register_estimator("copo", paper="COPO: Consistency-Aware Policy Optimization, arXiv:2508.04138",
+                    core=("copo_advantages",), requires=("answer_ids",), group_relative=True, methods=(41,), tests=_T,
+                    verified="hand values",
+                    note="local (GRPO) and global (batch) advantages blended by the group's answer entropy; the "
+                         "authors blend two clipped losses, we blend the advantages (equal on-policy)")
+def copo(x, *, k: float = 5.0, b: float = 1.0, gate: str = "soft_with_zero", epsilon: float = 1e-6) -> Advantages:
+    """COPO: consistency-aware blend of group and batch advantages."""
+    return Advantages(core.copo_advantages(x["scores"], x["answer_ids"], x["mask"], x["group_ids"], x.num_groups, k=k,
+                                           b=b, gate=gate, epsilon=epsilon, valid=x.get("valid")))

@@ -25,6 +25,7 @@ from jaxrl_llm.core.stats import group_stats, group_sum, masked_whiten, safe_div
 
 __all__ = [
     "gae_advantages",
+    "egae_advantages",
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
@@ -124,6 +125,62 @@ def gae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.nd
 
     zeros = jnp.zeros(r.shape[0], r.dtype)
     adv = _reverse_masked_scan(step, (zeros, zeros), (r, v, m))
+    returns = adv + v
+    if whiten:
+        adv = masked_whiten(adv, m)
+    return jax.lax.stop_gradient(adv * m), jax.lax.stop_gradient(returns * m)
+
+
+def egae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.ndarray, truncated: jnp.ndarray,
+                    gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+                    ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """T-PPO's Extended GAE: GAE that bootstraps responses which did not finish.
+
+    For a finished response this is :func:`gae_advantages` (its reward on the last token, value
+    0 after it). For a *truncated* one (cut by the length budget or a generation window before
+    its end) the outcome is not known yet: its token rewards are dropped and the value after the
+    last generated token is taken to equal the value at it, ``V(s_l) := V(s_{l-1})``, so
+    ``delta_{l-1} = (gamma - 1) V(s_{l-1})`` and ``A_t = sum_k (gamma lam)^k delta_{t+k}`` over the
+    generated part; with ``gamma = lam = 1``, ``A_t = V(s_{l-1}) - V(s_t)``. Returns ``A + V``
+    (truncated rows give no reliable value target: the critic's loss should skip them, as the
+    paper's value updates use completed responses only).
+
+    Paper: "Truncated Proximal Policy Optimization" (T-PPO), arXiv:2506.15050: the EGAE
+    assumption ``V(s_l) = V(s_{l-1})`` as the paper's reviews quote it (no code was released). The
+    paper's successive batched sampling (finished responses replaced by new prompts between
+    generation windows) is a loop feature not implemented here; in this library's loop a
+    response cut at ``max_new_tokens`` is the truncated case. No truncation: plain GAE (tested).
+
+    Args:
+      token_rewards: ``[B, T]``. values: ``[B, T]``. mask: ``[B, T]``. truncated: ``[B]`` bool.
+      gamma, lam: discount and GAE lambda. whiten: whiten over the batch's tokens.
+
+    Returns:
+      ``(advantages [B, T], returns [B, T])``, zero outside the mask.
+    """
+    b, _ = _checks.check_token_args(token_rewards=token_rewards, values=values, mask=mask)
+    _checks.check_seq_args(b, truncated=truncated)
+    _check_discount("gamma", gamma)
+    _check_discount("lam", lam)
+    m = _checks.as_mask(mask)
+    tr = jnp.asarray(truncated).astype(bool)
+    r = _checks.zero_outside(_checks.as_float(token_rewards), m) * (~tr)[:, None]
+    v = _checks.zero_outside(_checks.as_float(values), m)
+    t = m.shape[1]
+    last = t - 1 - jnp.argmax(m[:, ::-1] > 0, axis=1)
+    v_last = jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
+    boot = jnp.where(tr & jnp.any(m > 0, axis=1), v_last, 0.0)    # the value after the last generated token
+
+    def step(carry, x):
+        next_v, last_gae = carry
+        r_t, v_t, m_t = x
+        delta = r_t + gamma * next_v - v_t
+        gae = delta + gamma * lam * last_gae
+        next_v = v_t * m_t + (1.0 - m_t) * next_v
+        last_gae = gae * m_t + (1.0 - m_t) * last_gae
+        return (next_v, last_gae), last_gae
+
+    adv = _reverse_masked_scan(step, (boot, jnp.zeros(b, r.dtype)), (r, v, m))
     returns = adv + v
     if whiten:
         adv = masked_whiten(adv, m)

@@ -33,6 +33,8 @@ __all__ = [
     "riskpo_advantages",
     "adora_advantages",
     "drop_small_advantages",
+    "hicra_advantages",
+    "copo_advantages",
 ]
 
 
@@ -549,3 +551,124 @@ def drop_small_advantages(advantages: jnp.ndarray, mask: jnp.ndarray, threshold:
     a = _checks.as_float(advantages)
     m = _checks.as_mask(mask)
     return jax.lax.stop_gradient(jnp.where(jnp.abs(a) < threshold, 0.0, a) * m)
+
+
+# ----------------------------------------------------------------------------------------- HICRA
+
+
+def hicra_advantages(advantages: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                     entropy: jnp.ndarray | None = None, planning_mask: jnp.ndarray | None = None,
+                     alpha: float = 0.2, entropy_top: float = 0.3, form: str = "verl",
+                     valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """HICRA: extra credit on the high-impact (planning) tokens of the advantages ``A``.
+
+    ``form="paper"``: ``A_t + alpha |A_t|`` on the planning tokens ``S`` (``planning_mask``): credit
+    amplified, blame softened there (``A (1 + alpha sign A)``). ``form="verl"`` (the authors' VeRL
+    code): only correct (``A > 0``) responses longer than their group's mean length are touched;
+    on their tokens whose entropy is above the row's top-``entropy_top`` value (strictly: the
+    value at sorted position ``int((1 - entropy_top) n)``), and on planning tokens if given,
+    ``A <- A (1 + alpha sign A)``; every other token keeps ``A``.
+
+    Paper: "Emergent Hierarchical Reasoning in LLMs through Reinforcement Learning" (HICRA),
+    arXiv:2509.03646: ``alpha = 0.2``; the planning tokens are the paper's Strategic Grams (mined
+    n-grams, the caller's mask). The VeRL variant as quoted line by line in TRL's
+    ``HICRATrainer`` (``entropy_top = 0.3``); TRL's in-place chained indexing may leave its
+    advantages unchanged, so it is not used as a reference. ``alpha = 0`` gives ``A``.
+
+    Args:
+      advantages: ``[B, T]`` base advantages (GRPO's). mask: ``[B, T]``. group_ids, num_groups,
+        valid: as usual. entropy: ``[B, T]`` token entropy (``form="verl"``). planning_mask:
+        ``[B, T]`` optional planning tokens. alpha: amplification. entropy_top: the entropy quantile.
+      form: ``"verl"`` or ``"paper"`` (needs ``planning_mask``).
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_choice("form", form, ("verl", "paper"))
+    b, t = _checks.check_token_args(advantages=advantages, mask=mask)
+    _checks.check_groups(group_ids, num_groups, b)
+    m = _checks.as_mask(mask)
+    a = _checks.zero_outside(_checks.as_float(advantages), m)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    plan = None
+    if planning_mask is not None:
+        _checks.check_same_shape("mask", mask, planning_mask=planning_mask)
+        plan = (_checks.as_mask(planning_mask) > 0) & (m > 0)
+    if form == "paper":
+        if plan is None:
+            raise ValueError("hicra_advantages(form='paper') needs planning_mask (the Strategic Gram tokens)")
+        out = jnp.where(plan, a + alpha * jnp.abs(a), a)
+        return jax.lax.stop_gradient(out * m * v[:, None])
+    if entropy is None:
+        raise ValueError("hicra_advantages(form='verl') needs entropy [B, T]")
+    _checks.check_same_shape("mask", mask, entropy=entropy)
+    h = _checks.zero_outside(_checks.as_float(entropy), m)
+    n = jnp.sum(m, axis=1)
+    srt = jnp.sort(jnp.where(m > 0, h, jnp.inf), axis=1)
+    k = jnp.clip(jnp.floor((1.0 - entropy_top) * n).astype(jnp.int32), 0, jnp.maximum(n - 1, 0).astype(jnp.int32))
+    thr = jnp.take_along_axis(srt, k[:, None], axis=1)
+    high = (h > thr) & (m > 0)
+    row_a = jnp.sum(a, axis=1) / jnp.maximum(n, 1.0)                 # the row's (outcome) advantage
+    length = n * v
+    mean_len = safe_divide(group_sum(length, group_ids, num_groups), group_sum(v, group_ids, num_groups))[group_ids]
+    amplify = (row_a > 0) & (length > mean_len) & (v > 0)
+    where = high | plan if plan is not None else high
+    out = jnp.where(amplify[:, None] & where, a * (1.0 + alpha * jnp.sign(a)), a)
+    return jax.lax.stop_gradient(out * m * v[:, None])
+
+
+# ----------------------------------------------------------------------------------------- COPO
+
+
+def copo_advantages(scores: jnp.ndarray, answer_ids: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                    num_groups: int, *, k: float = 5.0, b: float = 1.0, gate: str = "soft_with_zero",
+                    epsilon: float = 1e-6, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """COPO: local (group) and global (batch) advantages blended by the group's answer entropy.
+
+    ``A^loc = GRPO(r)``; ``A^glob_q = (p_q - mean_q' p_q') / (std_q' p + eps)`` over the batch's
+    prompts (``p_q`` the group's mean reward, unbiased std; 0 with one prompt), the same for every
+    row of the prompt; the blend weight is an entropy gate on the group's answers,
+    ``w_i = sigmoid(k (H_q - b))`` with ``H_q = -sum_c f_c log2 f_c`` (bits) over the answer clusters:
+    a consistent group (all agree, ``H = 0``) learns from the global signal, a diverse one from
+    its own. ``gate="soft_with_zero"`` (the authors' script) multiplies ``w_i`` by ``1[r_i != 0]``,
+    so wrong answers learn from the global advantage only; ``"soft"`` is the plain gate.
+    ``A_i = (1 - w_i) A^glob + w_i A^loc``.
+
+    Paper: "COPO: Consistency-Aware Policy Optimization", arXiv:2508.04138; the authors' code
+    (``hijih/copo-code``, ``compute_score_global``, ``compute_grpo_outcome_advantage_with_global``,
+    ``run_copo.sh``): ``k = 5``, ``b = 1``, gate "soft-with-zero". Difference: the code blends the two
+    *clipped losses* (each advantage through its own clip); we blend the advantages under one clip,
+    which is the same objective on-policy (ratio 1, the first mini-batch) and differs only in
+    which tokens clip afterwards.
+
+    Args:
+      scores: ``[B]`` 0/1 rewards. answer_ids: ``[B]`` clusters (:func:`semantic_entropy`).
+      mask, group_ids, num_groups, valid: as usual. k, b: the gate's slope and centre (bits).
+      gate: ``"soft_with_zero"`` or ``"soft"``. epsilon: 1e-6.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    _checks.check_choice("gate", gate, ("soft_with_zero", "soft"))
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    local, _ = _grpo_row(s, m, group_ids, num_groups, v, epsilon=epsilon)
+    n = s.shape[0]
+    _checks.check_seq_args(n, answer_ids=answer_ids)
+    _checks.check_int("answer_ids", answer_ids)
+    ids = jnp.clip(jnp.asarray(answer_ids, jnp.int32), 0, n - 1)
+    cnt_g = group_sum(v, group_ids, num_groups)
+    present = cnt_g > 0
+    p = safe_divide(group_sum(s * v, group_ids, num_groups), cnt_g)
+    n_q = jnp.sum(present.astype(jnp.float32))
+    mean_p = safe_divide(jnp.sum(jnp.where(present, p, 0.0)), n_q)
+    var_p = safe_divide(jnp.sum(jnp.where(present, jnp.square(p - mean_p), 0.0)), n_q - 1.0)
+    glob = jnp.where(n_q > 1, (p - mean_p) / (jnp.sqrt(jnp.maximum(var_p, 0.0)) + epsilon), 0.0)[group_ids]
+    f = safe_divide(jax.ops.segment_sum(v, ids, n)[ids], cnt_g[group_ids])
+    first = (v > 0) & (jax.ops.segment_min(jnp.where(v > 0, jnp.arange(n), n), ids, n)[ids] == jnp.arange(n))
+    h = group_sum(jnp.where(first & (f > 0), -f * jnp.log2(jnp.where(f > 0, f, 1.0)), 0.0), group_ids,
+                  num_groups)[group_ids]
+    w = jax.nn.sigmoid(k * (h - b))
+    if gate == "soft_with_zero":
+        w = w * (s != 0)
+    adv = (1.0 - w) * glob + w * local
+    return _broadcast(adv, m, v)

@@ -59,6 +59,8 @@ __all__ = [
     "spa_progress_loss",
     "spa_turn_rewards",
     "multiturn_gae_advantages",
+    "poad_advantages",
+    "eapo_turn_advantages",
 ]
 
 
@@ -773,3 +775,115 @@ def multiturn_gae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, ma
     if whiten:
         adv = masked_whiten(adv, m) * m
     return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(ret)
+
+
+# ----------------------------------------------------------------------------- POAD (BAD)
+def poad_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.ndarray, turn_ids: jnp.ndarray, *,
+                    gamma: float = 0.95, lam: float = 0.95, whiten: bool = True
+                    ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """POAD: token-level GAE with Bellman backup with Action Decomposition (BAD).
+
+    Over the policy tokens ``j`` of an episode (observation tokens skipped), with ``V_j`` the
+    critic's value before token ``j`` and ``next`` the next policy token:
+
+    - inside an action (a turn), no reward and no discount: ``delta_j = V_next - V_j``,
+      ``A_j = delta_j + lam A_next``;
+    - at an action's last token: ``delta_j = r_turn + gamma V_next - V_j`` (``V_next`` the value
+      at the first token of the next action, 0 after the last one), ``A_j = delta_j + gamma lam
+      A_next``;
+
+    so the discount applies once per action, not once per token, and every token gets credit
+    through the token-level Bellman backup inside its action. ``returns = A + V``; advantages
+    whitened over the policy tokens of the batch. One-token actions reduce to turn-level GAE
+    (:func:`multiturn_gae_advantages`, tested).
+
+    Paper: "Reinforcing Language Agents via Policy Optimization with Action Decomposition" (Wen
+    et al.), arXiv:2405.15821; code ``morning9393/ADRL`` @5ec1aa5 (``batch_process_tppo``, branch
+    ``POAD``): ``gamma = 0.95``, ``lam = 0.95``. Difference: the code normalises advantages by the
+    population mean/std over the non-zero entries of a mini-batch; we whiten over the batch's
+    policy tokens (``whiten``).
+
+    Args:
+      token_rewards: ``[N, T]`` (each turn's reward on its last policy token,
+        :func:`place_turn_rewards`). values: ``[N, T]``. mask: ``[N, T]`` policy tokens.
+      turn_ids: ``[N, T]`` int, the turn of each token (equal along an action).
+      gamma: per-action discount. lam: GAE lambda. whiten: whiten the advantages.
+
+    Returns:
+      ``(advantages [N, T], returns [N, T])``, zero outside the mask; no gradient.
+    """
+    _checks.check_token_args(token_rewards=token_rewards, values=values, mask=mask)
+    _checks.check_same_shape("mask", mask, turn_ids=turn_ids)
+    _checks.check_int("turn_ids", turn_ids)
+    _check_discount("gamma", gamma)
+    _check_discount("lam", lam)
+    m = _checks.as_mask(mask)
+    r = _checks.zero_outside(_checks.as_float(token_rewards).astype(jnp.float32), m)
+    v = _checks.zero_outside(_checks.as_float(values).astype(jnp.float32), m)
+    tid = jnp.where(m > 0, jnp.asarray(turn_ids, jnp.int32), -1).astype(jnp.float32)
+    cm, (cr, cv, ct), slot = _compact_responses(m, r, v, tid)
+    # the next slot's turn (the last slot's next is "none"): a slot ends its action when it differs
+    nxt_t = jnp.concatenate([ct[:, 1:], jnp.full((ct.shape[0], 1), -2.0)], axis=1)
+    nxt_m = jnp.concatenate([cm[:, 1:], jnp.zeros((cm.shape[0], 1), cm.dtype)], axis=1)
+    last = (nxt_m <= 0) | (nxt_t != ct)
+
+    def step(carry, x):
+        next_v, next_a = carry
+        r_j, v_j, m_j, last_j = x
+        disc = jnp.where(last_j, gamma, 1.0)
+        adv = (jnp.where(last_j, r_j, 0.0) + disc * next_v - v_j + disc * lam * next_a) * m_j
+        return (v_j * m_j, adv), adv
+
+    zeros = jnp.zeros(r.shape[0], r.dtype)
+    adv_c = _reverse_masked_scan(step, (zeros, zeros), (cr, cv, cm, last))
+    back = lambda x: jnp.take_along_axis(x, slot, axis=1) * m  # noqa: E731
+    adv, ret = back(adv_c), back(adv_c + cv)
+    if whiten:
+        adv = masked_whiten(adv, m) * m
+    return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(ret)
+
+
+# ----------------------------------------------------------------------------- IterResearch / EAPO
+def eapo_turn_advantages(episode_returns: jnp.ndarray, turn_mask: jnp.ndarray, group_ids: jnp.ndarray,
+                         num_groups: int, *, gamma: float, scale_by_std: bool = True, epsilon: float = 1e-6,
+                         valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """IterResearch's efficiency-aware credit (EAPO): each round rewarded by a geometric discount of
+    the outcome by the rounds still to go, then group-normalised over rounds.
+
+    Round ``k`` (0-based) of an episode with ``K`` rounds and outcome ``R`` gets ``r_k =
+    gamma^(K - 1 - k) R`` (the last round the full outcome, earlier rounds less: a correct answer
+    reached in fewer rounds earns more per round); the advantage of each round is GRPO's
+    normalisation of ``r_k`` over all (episode, round) samples of the prompt group (each round is
+    its own training sample in the paper), unbiased std, a one-sample group mean 0 and std 1.
+
+    Paper: "IterResearch: Rethinking Long-Horizon Agents via Markovian State Reconstruction",
+    arXiv:2511.07327. The EAPO trainer is not released: the discounted per-round reward is the
+    paper's (quoted identically by two summaries); ``gamma`` has no default (its value was not
+    found) and the normalisation over all round-samples of the group is our reading. The paper's
+    GSPO loss is ``recipe.loss=gspo``. ``gamma = 1``: every round gets the outcome (Flow-GRPO with
+    turn-weighted statistics).
+
+    Args:
+      episode_returns: ``[N]`` outcomes. turn_mask: ``[N, K]``. group_ids: ``[N]``; num_groups static.
+      gamma: the per-round discount in ``[0, 1]``. scale_by_std: divide by the group's std.
+      epsilon: 1e-6. valid: optional ``[N]``.
+
+    Returns:
+      ``[N, K]`` float32 per-round advantages, 0 outside the turns; no gradient.
+    """
+    n, k = _check_turns(turn_mask, valid)
+    _checks.check_seq_args(n, episode_returns=episode_returns)
+    _checks.check_float("episode_returns", episode_returns)
+    _check_group_args(group_ids, num_groups, n)
+    _check_discount("gamma", gamma)
+    m, v = _weights(turn_mask, valid)
+    last = _last_turn(m)
+    to_go = jnp.maximum(last[:, None] - jnp.arange(k)[None], 0).astype(jnp.float32)
+    r = _checks.as_float(episode_returns).astype(jnp.float32)[:, None] * jnp.power(jnp.float32(gamma), to_go)
+    ids = jnp.broadcast_to(jnp.asarray(group_ids)[:, None], m.shape)
+    cnt, mean, std = _pair_stats(r * m, ids, num_groups, m)
+    single = cnt <= 1
+    mean = jnp.where(single, 0.0, mean)
+    std = jnp.where(single, 1.0, std)
+    adv = safe_divide(r - mean, std + epsilon) if scale_by_std else r - mean
+    return _out(adv, m)

@@ -313,6 +313,7 @@ class RLTrainer(HostLoop):
         prompt_ids = [rounds[r].batch.prompt_ids[i] for r, i in groups]
         prompt_len = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
         arrays = build_rl_batch(prompt_ids, merged, prompt_len, self.sampler.config.pad_token_id)
+        arrays["stopped"] = np.asarray(merged.stopped, bool)
         valid = np.concatenate([np.full(len(ix), v) for v, ix in zip(valid_group, rows)])
         step = StepBatch(
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],

@@ -238,6 +238,14 @@ def _answer_ids(tr, step: StepBatch) -> None:
     step.metrics["answers/clusters_per_group"] = float(k[present].mean()) if present.any() else 0.0
 
 
+@provider("truncated")
+def _truncated(tr, step: StepBatch) -> None:
+    """``[N]`` 1 where the sampler stopped a response at the length budget rather than a stop token."""
+    step.inputs["truncated"] = (~np.asarray(step.arrays["stopped"], bool)).astype(np.float32)
+    step.metrics["response/truncated_frac"] = float(step.inputs["truncated"][step.valid].mean()) if \
+        step.valid.any() else 0.0
+
+
 @provider("component_scores")
 def _component_scores(tr, step: StepBatch) -> None:
     """``[N, K]`` each reward function's unweighted score (``NaN``, "does not apply", as 0), in

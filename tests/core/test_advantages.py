@@ -421,3 +421,23 @@ def test_otb_errors_name_the_argument():
         A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, align="turn")
     with pytest.raises(ValueError, match="is_weights"):
         A.optimal_token_baseline_advantages(r, lp, sp, m, GID, NG, is_weights=sp[:3])
+
+
+def test_egae_bootstraps_truncated_rows_and_is_gae_otherwise():
+    import jaxrl_llm.core as C
+
+    v = np.array([[.5, .6, .55, .7]], np.float32)
+    m = np.ones((1, 4), np.float32)
+    r = np.array([[0, 0, 0, 1.]], np.float32)
+    adv, _ = C.egae_advantages(r, v, m, np.array([True]), 1.0, 0.95, whiten=False)
+    np.testing.assert_allclose(adv[0], [0.187875, 0.0925, 0.15, 0.0], atol=1e-6)  # V(s_l) := V(s_{l-1}), reward dropped
+    fin, _ = C.egae_advantages(r, v, m, np.array([False]), 1.0, 0.95, whiten=False)
+    np.testing.assert_allclose(fin, C.gae_advantages(r, v, m, 1.0, 0.95, whiten=False)[0], atol=1e-6)
+    lam1, _ = C.egae_advantages(r, v, m, np.array([True]), 1.0, 1.0, whiten=False)
+    np.testing.assert_allclose(lam1[0], 0.7 - v[0], atol=1e-6)  # gamma = lam = 1: V(s_{l-1}) - V(s_t)
+    # ragged rows, one truncated and one finished, whitened together = GAE where nothing is truncated
+    m2 = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], np.float32)
+    r2 = np.array([[0, 0, 1, 0], [0, 0, 0, 1]], np.float32)
+    v2 = np.array([[.1, .2, .3, 0], [.4, .3, .2, .1]], np.float32)
+    np.testing.assert_allclose(C.egae_advantages(r2, v2, m2, np.array([False, False]), 0.9, 0.8)[0],
+                               C.gae_advantages(r2, v2, m2, 0.9, 0.8)[0], atol=1e-6)

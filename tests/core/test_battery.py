@@ -205,6 +205,17 @@ R.update({
     "hapo_loss": (lambda lp, o, a, m: C.hapo_loss(lp, o, a, m, old_entropy=jnp.abs(o) + 0.05), tok4, 3),
     "mdpo_loss": (lambda *a: C.mdpo_loss(*a, t=0.5), tok4, 3),
 })
+R.update({
+    "egae_advantages": (lambda r, v, m: C.egae_advantages(r, v, m, np.array([True, False] * 3), 0.9, 0.95),
+                        lambda s: [_n(s, (B, T)), _n(s + 1, (B, T)), _mask(s)], 2),
+    "hicra_advantages": (lambda a, h, m: C.hicra_advantages(a, m, GID, NG, entropy=h),
+                         lambda s: [_n(s, (B, T)), np.abs(_n(s + 1, (B, T))), _mask(s)], 2),
+    "copo_advantages": (lambda s, m: C.copo_advantages(s, ANS, m, GID, NG), outcome, 1),
+    "poad_advantages": (lambda r, v, m: C.poad_advantages(r, v, m, TID, gamma=0.9, lam=0.95),
+                        lambda s: [_n(s, (B, T)), _n(s + 1, (B, T)), _mask(s)], 2),
+    "eapo_turn_advantages": (lambda e, m: C.eapo_turn_advantages(e, m, GID, NG, gamma=0.9),
+                             lambda s: [_n(s, (B,)), _mask(s)], 1),
+})
 # reward designs (sequence-level)
 R.update({
     "thinkless_reward": (lambda c, s: C.thinkless_reward(c > 0, s > 0), lambda s: [_scores(s), _scores(s + 1)], None),

@@ -272,3 +272,49 @@ def test_invalid_rows_are_filtered_rows(name):
 def test_no_gradient_flows_to_the_scores(name):
     g = jax.grad(lambda s: jnp.sum(CASES[name](s, MLEN, None)))(jnp.asarray(SCORES))
     assert np.all(np.asarray(g) == 0)
+
+
+# ------------------------------------------------------------------------------------------- HICRA, COPO
+
+
+def test_hicra_verl_form_hand_values():
+    adv = np.array([[.866] * 4, [-.866] * 4, [-.866] * 4, [.866] * 4], np.float32)
+    m = np.ones((4, 4), np.float32)
+    m[0, 3] = 0  # row 0 (correct) has 3 tokens, below the group's mean length 3.75: untouched
+    H = np.zeros((4, 4), np.float32)
+    H[3] = [0.1, 2.0, 0.5, 1.5]  # row 3: threshold sort(H)[int(0.7 * 4) = 2] = 1.5 -> only t = 1 is high
+    g = np.zeros(4, np.int32)
+    out = np.asarray(C.hicra_advantages(adv * m, m, g, 1, entropy=H))
+    close(out[3], [0.866, 0.866 * 1.2, 0.866, 0.866])
+    close(out[:3], (adv * m)[:3])
+    plan = np.zeros((4, 4), np.float32)
+    plan[3, 3] = 1
+    close(np.asarray(C.hicra_advantages(adv * m, m, g, 1, entropy=H, planning_mask=plan))[3],
+          [0.866, 1.0392, 0.866, 1.0392], 1e-4)
+    close(C.hicra_advantages(adv * m, m, g, 1, entropy=H, alpha=0.0), adv * m)  # alpha = 0: unchanged
+
+
+def test_hicra_paper_form():
+    adv = np.array([[0.5, 0.5], [-0.5, -0.5]], np.float32)
+    plan = np.array([[0, 1], [1, 0]], np.float32)
+    out = C.hicra_advantages(adv, np.ones((2, 2)), np.zeros(2, np.int32), 1, planning_mask=plan, form="paper")
+    close(out, [[0.5, 0.6], [-0.4, -0.5]])  # credit amplified, blame softened on planning tokens
+    with pytest.raises(ValueError, match="needs planning_mask"):
+        C.hicra_advantages(adv, np.ones((2, 2)), np.zeros(2, np.int32), 1, form="paper")
+
+
+def test_copo_hand_values():
+    s = np.array([1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0], np.float32)
+    g = np.repeat([0, 1, 2], 4).astype(np.int32)
+    ans = np.array([0, 1, 2, 0, 4, 4, 4, 7, 8, 8, 8, 8], np.int32)
+    # p = [.5, .75, 0] -> global [0.2182, 0.8729, -1.0911]; H_A = 1.5 bits -> w = sigmoid(2.5) on correct rows
+    a = rows(C.copo_advantages(s, ans, np.ones((12, 1)), g, 3))
+    close(a, [0.8169, 0.2182, 0.2182, 0.8169, 0.7684, 0.7684, 0.7684, 0.8729, -1.0911, -1.0911, -1.0911, -1.0911],
+          1e-4)
+    # the plain gate: wrong rows blend too
+    soft = rows(C.copo_advantages(s, ans, np.ones((12, 1)), g, 3, gate="soft"))
+    w = 1 / (1 + np.exp(-5 * (1.5 - 1)))
+    close(soft[1], (1 - w) * 0.2182 + w * -0.8660, 1e-4)
+    # one prompt in the batch: no global signal
+    one = rows(C.copo_advantages(s[:4], ans[:4], np.ones((4, 1)), np.zeros(4, np.int32), 1))
+    close(one, [w * 0.8660, 0, 0, w * 0.8660], 1e-4)

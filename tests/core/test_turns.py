@@ -582,3 +582,47 @@ def test_bad_input_names_the_argument(case):
     fn, name = BAD[case]
     with pytest.raises((ValueError, TypeError), match=f"'{name}'"):
         fn()
+
+
+# --------------------------------------------------------------------------------------- POAD, EAPO
+
+
+def test_poad_hand_values_and_one_token_actions():
+    import jaxrl_llm.core as C
+
+    v = np.array([[.3, .35, .4, .5, .7]], np.float32)
+    m = np.ones((1, 5), np.float32)
+    tid = np.array([[0, 0, 0, 1, 1]], np.int32)
+    r = np.array([[0, 0, 0, 0, 1.]], np.float32)
+    adv, ret = C.poad_advantages(r, v, m, tid, gamma=0.99, lam=0.95, whiten=False)
+    a1 = [0.2 + 0.95 * 0.3, 0.3]  # action 1: inner delta .7 - .5 = .2, last delta 1 - .7 = .3
+    a0_last = 0.99 * 0.5 - 0.4 + 0.99 * 0.95 * a1[0]
+    a0_mid = 0.05 + 0.95 * a0_last
+    a0_first = 0.05 + 0.95 * a0_mid
+    np.testing.assert_allclose(adv[0], [a0_first, a0_mid, a0_last, *a1], atol=1e-6)
+    np.testing.assert_allclose(adv[0], [0.594906, 0.573585, 0.551142, 0.485, 0.3], atol=1e-5)
+    np.testing.assert_allclose(ret, adv + v, atol=1e-6)
+    one = C.poad_advantages(r, v, m, np.arange(5)[None].astype(np.int32), gamma=0.9, lam=0.8, whiten=False)[0]
+    np.testing.assert_allclose(one, C.multiturn_gae_advantages(r, v, m, gamma=0.9, lam=0.8, whiten=False)[0],
+                               atol=1e-6)
+    # an observation token between the actions changes nothing
+    m2 = np.array([[1, 1, 1, 0, 1, 1]], np.float32)
+    v2, r2 = np.insert(v, 3, 9.0, 1), np.insert(r, 3, 5.0, 1)
+    t2 = np.array([[0, 0, 0, -1, 1, 1]], np.int32)
+    out = C.poad_advantages(r2, v2, m2, t2, gamma=0.99, lam=0.95, whiten=False)[0]
+    np.testing.assert_allclose(np.delete(np.asarray(out), 3, 1), adv, atol=1e-6)
+
+
+def test_eapo_hand_values_and_gamma_one():
+    import jaxrl_llm.core as C
+
+    tm = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0]], bool)
+    out = np.asarray(C.eapo_turn_advantages(np.array([1., 1., 0.]), tm, np.zeros(3, np.int32), 1, gamma=0.9,
+                                            scale_by_std=False))
+    r = np.array([0.81, 0.9, 1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(out[tm], r - r.mean(), atol=1e-6)
+    assert np.all(out[~tm] == 0)
+    # gamma = 1: every round carries the outcome, normalised over the group's rounds
+    one = np.asarray(C.eapo_turn_advantages(np.array([1., 1., 0.]), tm, np.zeros(3, np.int32), 1, gamma=1.0))
+    x = np.array([1, 1, 1, 1, 0, 0.])
+    np.testing.assert_allclose(one[tm], (x - x.mean()) / (x.std(ddof=1) + 1e-6), atol=1e-5)

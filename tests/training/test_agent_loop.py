@@ -165,7 +165,8 @@ def test_single_turn_loops_refuse_turn_level_inputs():
         RLTrainer(tr.graphdef, None, None, Sampler(tr.graphdef, tr.sampler.config), None, None, rec2, TOK)
 
 
-@pytest.mark.parametrize("name", ["gigpo", "turn_baseline", "flow_grpo", "empg", "mars", "multiturn_gae"])
+@pytest.mark.parametrize("name", ["gigpo", "turn_baseline", "flow_grpo", "empg", "mars", "multiturn_gae", "poad",
+                                  "eapo"])
 def test_turn_level_estimators_run_in_the_agent_loop(name):
     """One step each: advantages on policy tokens only, equal to the core function on the
     batch's own turn inputs; the turn inputs are what the episodes say."""
@@ -173,7 +174,8 @@ def test_turn_level_estimators_run_in_the_agent_loop(name):
 
     import jaxrl_llm.core as core
 
-    tr = make("ppo" if name == "multiturn_gae" else "grpo", advantage=name)
+    critic = name in ("multiturn_gae", "poad")
+    tr = make("ppo" if critic else "grpo", advantage={"name": name, **({"gamma": 0.9} if name == "eapo" else {})})
     m = tr.step()
     b, ep = tr.last_batch, tr.last_episodes
     p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
@@ -181,7 +183,7 @@ def test_turn_level_estimators_run_in_the_agent_loop(name):
     cm = b["completion_mask"]
     assert np.all(adv[~cm] == 0) and np.isfinite(adv).all() and np.abs(adv[cm]).sum() > 0
     assert np.isfinite(m["loss"])
-    if name == "multiturn_gae":
+    if critic:
         return
     tm = b["turn_mask"]
     assert tm.sum(1).tolist() == ep.turns.tolist()
@@ -198,6 +200,9 @@ def test_turn_level_estimators_run_in_the_agent_loop(name):
         np.testing.assert_allclose(adv, np.asarray(core.broadcast_turns(want, b["turn_ids"], cm)), atol=1e-6)
     if name == "empg":
         assert b["turn_entropy"].shape == tm.shape and (b["turn_entropy"][tm] > 0).all()
+    if name == "eapo":
+        want = core.eapo_turn_advantages(jnp.asarray(b["scores"]), tm, b["group_ids"], 2, gamma=0.9)
+        np.testing.assert_allclose(adv, np.asarray(core.broadcast_turns(want, b["turn_ids"], cm)), atol=1e-6)
 
 
 class EchoWithAnswer(Echo):

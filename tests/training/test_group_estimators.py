@@ -10,7 +10,7 @@ from jaxrl_llm.algorithms import CLUSTERERS, ESTIMATORS, EstimatorInputs, Regist
 from jaxrl_llm.training import recipe
 from test_rl_recipes_extra import make, target_frac
 
-NEW = ["agrae", "canon", "canon_entropy", "stratified", "seed_grpo", "hapo", "riskpo", "adora", "loop"]
+NEW = ["agrae", "canon", "canon_entropy", "stratified", "seed_grpo", "hapo", "riskpo", "adora", "loop", "hicra", "copo"]
 
 
 def test_answer_keys_and_cluster_ids():
@@ -86,3 +86,20 @@ def test_two_steps_through_the_trainer(name):
     if "old_entropy" in tr.recipe.requires:
         assert h[-1]["old_entropy/mean"] > 0
     assert np.all(np.isfinite(b["advantages"])) and not np.any(b["advantages"][~b["loss_mask"]])
+
+
+def test_egae_bootstraps_the_rows_cut_by_the_budget():
+    """T-PPO's estimator with a critic: the loop marks the rows the sampler cut at max_new_tokens,
+    and the advantages are EGAE's on the batch's own values."""
+    import jax.numpy as jnp
+
+    from test_rl_recipes_extra import PPO_KW
+
+    kw = dict(PPO_KW)
+    kw.update(advantage={"name": "egae", "lam": 0.95}, stop=True)
+    tr = make("ppo", **kw)
+    m = [tr.step() for _ in range(2)][-1]
+    b = tr.last_batch
+    assert set(np.unique(b["truncated"])) <= {0.0, 1.0} and 0 <= m["response/truncated_frac"] <= 1
+    assert np.isfinite(m["critic/vf_loss"])
+    np.testing.assert_array_equal(b["truncated"], (~b["stopped"]).astype(np.float32))
