@@ -39,7 +39,9 @@ SURROGATES = new_registry("policy loss", "recipe.loss",
 #: are whole when a surrogate reads them), ``old_entropy [N, T]`` the sampling policy's token entropy
 #: (a provider: :mod:`jaxrl_llm.training.providers`)
 LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lambda n, t: ((n,), "int32"),
-                     "old_entropy": lambda n, t: ((n, t), "float32")}
+                     "old_entropy": lambda n, t: ((n, t), "float32"),
+                     # each reward function's score (the config-time trial assumes up to 8 functions)
+                     "component_scores": lambda n, t: ((n, 8), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
 _T_TRL = _T + ", tests/conformance/test_trl_grpo.py"
 
@@ -88,6 +90,31 @@ for _part in (
 ):
     SURROGATES.register(_part)
 
+def _hdpo(logp, old_logp, advantages, mask, *, component_scores, group_ids, answer_index: int = 0,
+          format_index: int | None = None, calls_index: int = 1, answer_weight: float = 0.9,
+          correct_threshold: float = 1.0, w_acc: float = 1.0, w_tool: float = 0.15, clip_low: float = 0.2,
+          clip_high: float | None = None, dual_clip: float | None = 3.0, is_weights=None):
+    """HDPO from the run's reward functions: ``answer_index`` (correctness), ``format_index``
+    (optional; else the format channel is 1) and ``calls_index`` (tool calls) select columns of
+    ``component_scores``; both channels (:func:`jaxrl_llm.core.hdpo_advantages`) feed
+    :func:`jaxrl_llm.core.hdpo_loss`."""
+    import jax.numpy as jnp
+
+    k = component_scores.shape[1]
+    for name, idx in (("answer_index", answer_index), ("format_index", format_index), ("calls_index", calls_index)):
+        if idx is not None and not 0 <= idx < k:
+            raise ValueError(f"recipe.loss.{name}={idx} but the run has {k} reward functions")
+    c = component_scores
+    fmt = jnp.ones(c.shape[0], jnp.float32) if format_index is None else c[:, format_index]
+    valid = jnp.any(mask, axis=1)
+    a_acc, a_tool = core.hdpo_advantages(c[:, answer_index], fmt, c[:, calls_index], group_ids, c.shape[0],
+                                         answer_weight=answer_weight, correct_threshold=correct_threshold,
+                                         valid=valid)
+    return core.hdpo_loss(logp, old_logp, a_acc[:, None] * mask, mask, tool_advantages=a_tool, w_acc=w_acc,
+                          w_tool=w_tool, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+                          is_weights=is_weights)
+
+
 # the seed papers' surrogates (jaxrl_llm.core.batch_losses); "coupled": a loss over the whole
 # mini-batch (the train step's two-pass form), reading the columns in ``requires``
 _TB = "tests/core/test_batch_losses.py, tests/training/test_paper_losses.py"
@@ -126,6 +153,13 @@ for _part in (
          verified="hand values", tests=_TB, flags=(("coupled", True),),
          note="entropy-adaptive clip bounds and advantage redistribution, the sampling policy's entropy normalised "
               "over the mini-batch; sign=code reproduces the released normalisation"),
+    Part("hdpo", _hdpo, paper="Act Wisely: Cultivating Meta-Cognitive Tool Use in Agentic Multimodal Models "
+                              "(Metis / HDPO), arXiv:2604.08545",
+         core=("hdpo_loss", "hdpo_advantages"), requires=frozenset({"component_scores", "group_ids"}),
+         methods=(164,), verified="hand values, paper identity (w_tool = 0: GRPO on r_acc)", tests=_TB,
+         flags=(("coupled", True),),
+         note="both advantage channels from the reward functions by index (answer, optional format, tool-call "
+              "count); the estimator's advantages are not used"),
     Part("mdpo", core.mdpo_loss, paper="Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
          core=("mdpo_loss",), methods=(94,), verified="hand values, paper identity", tests=_TB,
          note="no clipping; (1/t) KL(pi || pi_old) per token; use with several epochs (recipe.epochs)"),

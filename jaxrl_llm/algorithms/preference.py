@@ -91,6 +91,15 @@ def kto(logps, counts, batch, **kw):
     return core.kto_loss(logps, batch["ref_logps"], batch["desirable"], batch["kl_ref_point"][0], **kw)
 
 
+PREFERENCE_LOSSES.register(Part(
+    "spin", _paired_dpo(core.sigmoid_dpo_loss),
+    paper="Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models (SPIN, Chen et al.), "
+          "arXiv:2401.01335",
+    core=("sigmoid_dpo_loss",), requires=_REF, methods=(196,), verified="TRL (its DPO sigmoid loss), paper identity",
+    tests="tests/core/test_preference.py, tests/training/test_spin.py", flags=(("paired", True),),
+    note="DPO's logistic loss with the human answer as chosen and the current policy's own sample as rejected, the "
+         "previous iterate as reference: the self-play loop is pairs.source=spin (experiments/tiny_spin.py)"))
+
 for _part in (
     Part("kto_paired", kto_paired, paper="KTO (Ethayarajh et al.), arXiv:2402.01306", core=("kto_paired_loss",),
          requires=_REF, verified="TRL", tests=_T, flags=(("paired", True),),

@@ -36,6 +36,8 @@ __all__ = [
     "hapo_entropy_hat",
     "hapo_loss",
     "mdpo_loss",
+    "hdpo_advantages",
+    "hdpo_loss",
 ]
 
 sg = jax.lax.stop_gradient
@@ -563,3 +565,83 @@ def mdpo_loss(logp, old_logp, advantages, mask, *, t: float = 1.0, is_weights=No
         per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
     return jnp.where(m > 0, per, 0.0), {**ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()),
                                         "clip_frac_lower": jnp.zeros(()), "mdpo_kl": sg(masked_mean(kl, m))}
+
+
+# ----------------------------------------------------------------------------------------- HDPO (Metis)
+
+
+def hdpo_advantages(answer: jnp.ndarray, fmt: jnp.ndarray, calls: jnp.ndarray, group_ids: jnp.ndarray,
+                    num_groups: int, *, answer_weight: float = 0.9, correct_threshold: float = 1.0,
+                    epsilon: float = 1e-6, valid: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """HDPO's two advantage channels: accuracy, and tool efficiency among the correct only.
+
+    ``r_acc = answer_weight r_ans + (1 - answer_weight) r_fmt`` and ``A_acc = GRPO(r_acc)``;
+    ``r_tool = 1 / (T + 1)`` for a correct answer (``r_ans >= correct_threshold``, ``T`` its tool
+    calls), 0 otherwise, and ``A_tool`` is GRPO's normalisation of ``r_tool`` *within the group's
+    correct rows only* (unbiased std; fewer than two correct rows, or rows outside them: 0). The
+    efficiency signal never competes with correctness: a wrong answer gets no tool credit.
+
+    Paper: "Act Wisely: Cultivating Meta-Cognitive Tool Use in Agentic Multimodal Models" (Metis,
+    HDPO), arXiv:2604.08545; the authors' code (``Accio-Lab/Metis`` @84fd45e,
+    ``reward_manager/metis.py``, ``compute_hdpo_advantage``): 0.9 / 0.1, ``1 / (T + 1)``.
+
+    Returns:
+      ``(A_acc [B], A_tool [B])`` float32, no gradient.
+    """
+    b = _checks._shape(answer)[0]
+    _checks.check_seq_args(b, answer=answer, fmt=fmt, calls=calls)
+    _checks.check_groups(group_ids, num_groups, b)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    from jaxrl_llm.core.stats import group_stats
+
+    ans = _checks.as_float(answer)
+    r_acc = answer_weight * ans + (1.0 - answer_weight) * _checks.as_float(fmt)
+    st = group_stats(jnp.where(v > 0, r_acc, 0.0), group_ids, num_groups, v)
+    single = st.count <= 1
+    a_acc = safe_divide(r_acc - jnp.where(single, 0.0, st.mean), jnp.where(single, 1.0, st.std) + epsilon)
+    ok = (ans >= correct_threshold) & (v > 0)
+    r_tool = jnp.where(ok, 1.0 / (jnp.maximum(_checks.as_float(calls), 0.0) + 1.0), 0.0)
+    sq = group_stats(r_tool, group_ids, num_groups, ok.astype(jnp.float32))
+    a_tool = jnp.where(ok & (sq.count >= 2), safe_divide(r_tool - sq.mean, sq.std + epsilon), 0.0)
+    return sg(jnp.where(v > 0, a_acc, 0.0)), sg(a_tool)
+
+
+def hdpo_loss(logp, old_logp, advantages, mask, *, tool_advantages, w_acc: float = 1.0, w_tool: float = 0.15,
+              clip_low: float = 0.2, clip_high: float | None = None, dual_clip: float | None = 3.0,
+              is_weights=None):
+    """HDPO: two clipped surrogates, one per advantage channel, each with its own token mean.
+
+    ``L = w_acc mean_{tokens} l(A_acc) + w_tool mean_{tokens of rows with A_tool != 0} l(A_tool)``
+    with ``l`` the (dual-)clipped PPO loss (``advantages`` are ``A_acc`` per token,
+    ``tool_advantages [B]`` per row, :func:`hdpo_advantages`). The tool term is normalised only over
+    the rows it concerns, so it does not shrink as fewer answers are correct.
+
+    Paper: "Act Wisely: Cultivating Meta-Cognitive Tool Use in Agentic Multimodal Models" (HDPO),
+    arXiv:2604.08545; code ``Accio-Lab/Metis`` @84fd45e (``hdpo_actor.py``, ``train_metis.sh``):
+    ``w_acc = 1``, ``w_tool = 0.15``, clip 0.2, verl's dual clip 3, token-mean.
+
+    Returns:
+      ``(loss scalar, metrics)``: ``hdpo_acc_loss``, ``hdpo_tool_loss``, ``hdpo_tool_rows`` and the
+      ratio metrics.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    b = lp.shape[0]
+    _checks.check_seq_args(b, tool_advantages=tool_advantages)
+    ratio = _ratio(lp, olp)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    w = None if is_weights is None else sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+
+    def term(a, mm):
+        per, met = _clipped_surrogate(ratio, clipped, a, mm, clip_low, clip_high, dual_clip)
+        if w is not None:
+            per = per * w
+        return safe_divide(jnp.sum(jnp.where(mm > 0, per, 0.0)), jnp.sum(mm)), met
+
+    acc, met = term(adv, m)
+    at = sg(_checks.as_float(tool_advantages))
+    rows = (at != 0).astype(m.dtype)
+    tool, _ = term(at[:, None] * m, m * rows[:, None])
+    return w_acc * acc + w_tool * tool, {**met, **ratio_metrics(lp - olp, m), "hdpo_acc_loss": sg(acc),
+                                         "hdpo_tool_loss": sg(tool), "hdpo_tool_rows": jnp.sum(rows)}

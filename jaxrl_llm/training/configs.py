@@ -249,9 +249,13 @@ class PairsSpec:
     task's reference solution and rejected = the first wrong answer among the (SFT) policy's
     ``samples_per_prompt`` samples (``max_new_tokens`` each, temperature 1), else a near miss
     (off by one or ten, for arithmetic). ``held_out`` eval prompts give held-out pairs the same
-    way (their pair metrics are logged). Otherwise ``source`` is a file or folder of rows with
-    ``prompt``, ``chosen``, ``rejected`` (jsonl, parquet, a saved HF dataset) and ``eval_source``
-    the held-out pairs. ``batch_size``: pairs per optimiser step.
+    way (their pair metrics are logged). ``source="spin"`` is SPIN's self-play: ``iterations``
+    rounds, each pairing the reference solution (chosen) with the current policy's own first
+    sample (rejected, right or wrong), training ``run.steps`` steps with the current policy as
+    the frozen reference (the opponent), on this round's pairs plus the previous round's
+    (``keep_previous``, the authors' data schedule). Otherwise ``source`` is a file or folder of
+    rows with ``prompt``, ``chosen``, ``rejected`` (jsonl, parquet, a saved HF dataset) and
+    ``eval_source`` the held-out pairs. ``batch_size``: pairs per optimiser step.
     """
 
     source: str = "self"
@@ -261,6 +265,8 @@ class PairsSpec:
     max_new_tokens: int = 6
     held_out: int = 64
     batch_size: int = 32
+    iterations: int = 1
+    keep_previous: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

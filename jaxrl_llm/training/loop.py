@@ -419,6 +419,9 @@ class RLTrainer(HostLoop):
         critic_keys = rec.value_objective.batch_keys() if self.critic is not None else ()
         if "scores" in actor_keys:  # a surrogate that reads the sequence rewards (DisCO, ...)
             a["scores"] = np.asarray(step.scores, np.float32)
+        for k in rec.objective.loss_inputs:  # row-level inputs a surrogate reads (component scores, ...)
+            if k not in a and k in step.inputs:
+                a[k] = np.asarray(step.inputs[k])
         train = {k: v for k, v in a.items() if k in actor_keys or k in critic_keys}
         # a surrogate that compares the rows of a prompt sees whole groups in every mini-batch
         whole_groups = "group_ids" in actor_keys

@@ -234,6 +234,11 @@ PREFERENCE_RECIPES: dict[str, PreferenceRecipe] = {r.name: r for r in (
     PreferenceRecipe("kto_paired", "kto_paired", (("beta", 0.1),), 0.0,
                      "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
                      "beta 0.1, lambda_D = lambda_U = 1, in-batch reference points"),
+    PreferenceRecipe("spin", "spin", (("beta", 0.1),), 0.0,
+                     "Chen et al., Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models "
+                     "(SPIN), arXiv:2401.01335",
+                     "beta 0.1 (the authors' configs); with pairs.source=spin: chosen = the reference answer, "
+                     "rejected = the current policy's sample, reference = the previous iterate"),
     PreferenceRecipe("kto", "kto", (("beta", 0.1),), 0.0,
                      "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
                      "beta 0.1, lambda_D = lambda_U = 1 (keep lambda_D n_D / (lambda_U n_U) in [1, 4/3]); "

@@ -34,7 +34,7 @@ from jaxrl_llm.training.loading import load_policy
 from jaxrl_llm.training.optim import make_optimizer
 from jaxrl_llm.training.telemetry import jsonable
 
-__all__ = ["run_preference", "check_preference", "preference_run_objective", "self_generated_pairs"]
+__all__ = ["run_preference", "check_preference", "preference_run_objective", "self_generated_pairs", "spin_pairs"]
 
 
 def preference_run_objective(cfg: PreferenceRunConfig):
@@ -59,7 +59,15 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
     for key in ("prompts", "samples_per_prompt", "max_new_tokens", "held_out", "batch_size"):
         if getattr(p, key) < 1:
             raise ConfigError(f"pairs.{key} must be >= 1, got {getattr(p, key)}")
-    if p.source != "self":
+    if p.iterations < 1:
+        raise ConfigError(f"pairs.iterations must be >= 1, got {p.iterations}")
+    if p.iterations > 1 and p.source != "spin":
+        raise ConfigError(f"pairs.iterations={p.iterations} is SPIN's self-play (pairs.source=spin), not "
+                          f"pairs.source={p.source!r}")
+    if p.source == "spin" and not obj.needs_reference:
+        raise ConfigError(f"pairs.source=spin trains against the previous iterate as the reference; loss {obj.name!r} "
+                          f"has none (use recipe.name=spin or a reference-based loss)")
+    if p.source not in ("self", "spin"):
         for key, path in (("pairs.source", p.source), ("pairs.eval_source", p.eval_source)):
             if not path:
                 raise ConfigError(f"{key} is required with a pairs file (pairs.source={p.source!r})")
@@ -101,13 +109,46 @@ def self_generated_pairs(task, rows, sampler, params, tok, seed: int, frozen: tu
     return pairs, {"pairs": len(pairs), "policy_negatives": own}
 
 
-def _pairs(cfg: PreferenceRunConfig, task, train_rows, eval_rows, gd, params, tok) -> tuple[list, list, dict]:
-    """``(train pairs, held-out pairs, info)``."""
-    from jaxrl_llm.data import open_source
+def spin_pairs(rows, sampler, params, tok, seed: int, frozen: tuple = ()) -> tuple[list[dict], dict]:
+    """SPIN's pairs: chosen = the reference solution, rejected = the policy's own first non-empty
+    sample for the prompt, right or wrong (a near miss when every sample is empty)."""
+    rng = np.random.default_rng(seed)
+    prompt_ids = [tok(r["prompt"])["input_ids"] for r in rows]
+    pairs, same = [], 0
+    g = sampler.config.num_samples
+    for s in range(0, len(rows), 256):
+        roll = sampler(params, prompt_ids[s:s + 256], jax.random.fold_in(jax.random.key(seed), s), *frozen)
+        toks, mask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+        for i, row in enumerate(rows[s:s + 256]):
+            texts = [tok.decode(toks[j][mask[j]], skip_special_tokens=True) for j in range(i * g, (i + 1) * g)]
+            own = next((t for t in texts if t.strip()), None)
+            rejected = own if own is not None else _near_miss(int(row["answer"]), rng)
+            same += rejected.strip() == str(row["solution"]).strip()
+            pairs.append({"prompt": row["prompt"], "chosen": row["solution"], "rejected": rejected})
+    return pairs, {"pairs": len(pairs), "identical_to_chosen": same}
+
+
+def _sampler(cfg: PreferenceRunConfig, gd, tok):
     from jaxrl_llm.rollout import Sampler, SamplingConfig
 
     p = cfg.pairs
+    return Sampler(gd, SamplingConfig(max_new_tokens=p.max_new_tokens, num_samples=p.samples_per_prompt,
+                                      stop_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id),
+                   length_buckets=tuple(cfg.prompt_buckets), batch_buckets=(256,))
+
+
+def _pairs(cfg: PreferenceRunConfig, task, train_rows, eval_rows, gd, params, tok) -> tuple[list, list, dict]:
+    """``(train pairs, held-out pairs, info)``."""
+    from jaxrl_llm.data import open_source
+
+    p = cfg.pairs
     t0 = time.perf_counter()
+    if p.source == "spin":
+        sampler = _sampler(cfg, gd, tok)
+        pairs, info = spin_pairs(train_rows[:p.prompts], sampler, params, tok, cfg.run.seed)
+        held_out, _ = spin_pairs(eval_rows[:p.held_out], sampler, params, tok, cfg.run.seed + 1)
+        info["seconds"] = time.perf_counter() - t0
+        return pairs, held_out, info
     if p.source != "self":
         train, held = open_source(p.source), open_source(p.eval_source)
         pairs = [train[i] for i in range(len(train))]
@@ -115,9 +156,7 @@ def _pairs(cfg: PreferenceRunConfig, task, train_rows, eval_rows, gd, params, to
         if not pairs or not held_out:
             raise ConfigError(f"pairs.source={p.source!r} / pairs.eval_source={p.eval_source!r}: no rows")
         return pairs, held_out, {"pairs": len(pairs), "seconds": time.perf_counter() - t0}
-    sampler = Sampler(gd, SamplingConfig(max_new_tokens=p.max_new_tokens, num_samples=p.samples_per_prompt,
-                                         stop_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id),
-                      length_buckets=tuple(cfg.prompt_buckets), batch_buckets=(256,))
+    sampler = _sampler(cfg, gd, tok)
     pairs, info = self_generated_pairs(task, train_rows[:p.prompts], sampler, params, tok, cfg.run.seed)
     held_out, _ = self_generated_pairs(task, eval_rows[:p.held_out], sampler, params, tok, cfg.run.seed + 1)
     info["seconds"] = time.perf_counter() - t0
@@ -130,13 +169,50 @@ def _kto_rows(pairs: list[dict]) -> list[dict]:
             for p in pairs for c, lab in ((p["chosen"], True), (p["rejected"], False))]
 
 
+def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list, held_out: list, start_params,
+                      ref, evaluate, ckpt_dir: Path, tel, resolved: dict, seed: int, iteration: int | None):
+    """One preference phase from ``start_params`` against ``ref``: ``(trainer, history, pair
+    evaluator, eval_fn)``; resumes from (or skips with) its checkpoint in ``ckpt_dir``."""
+    from jaxrl_llm.data import KTODataConfig, ListSource, PreferenceDataConfig, kto_dataset, preference_dataset
+    from jaxrl_llm.training import Checkpointer, PreferenceEvaluator, PreferenceTrainer, init_train_state, make_train_step
+
+    p, o, buckets = cfg.pairs, cfg.optim, tuple(cfg.prompt_buckets)
+    if objective.paired:
+        dcfg = PreferenceDataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
+        make_data = preference_dataset
+    else:
+        dcfg = KTODataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
+        make_data = kto_dataset
+    data = make_data(ListSource(pairs, "pairs"), tok, dcfg, process_index=0, process_count=1)
+    held_batch = next(make_data(ListSource(held_out, "held_out"), tok,
+                                dataclasses.replace(dcfg, batch_size=len(held_out), shuffle=False),
+                                process_index=0, process_count=1))
+    pref_eval = PreferenceEvaluator(gd, objective, held_batch, ref_params=ref, prefix="eval_pairs")
+
+    def eval_fn(params, *frozen):
+        return {**evaluate(params), **pref_eval(params)}
+    opt = make_optimizer(o.lr, cfg.run.steps, warmup_steps=o.warmup_steps, schedule=o.schedule,
+                         weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
+    start = jax.tree.map(jnp.copy, start_params)  # the step donates its state; start_params stay the reference
+    log_fn = tel if iteration is None else (lambda m, _tel=tel, _it=iteration: _tel({**m, "spin/iteration": _it}))
+    trainer = PreferenceTrainer(gd, init_train_state(start, opt, seed=seed),
+                                make_train_step(gd, opt, objective, num_microbatches=o.num_microbatches), data,
+                                objective, ref_params=ref, seed=seed,
+                                checkpointer=Checkpointer(ckpt_dir, keep_last=cfg.run.keep_last),
+                                checkpoint_every=cfg.run.checkpoint_every, eval_fn=eval_fn,
+                                eval_every=cfg.run.eval_every, log_fn=log_fn, config=resolved)
+    trainer.restore()
+    hist = trainer.run(cfg.run.steps, progress=cfg.run.progress)
+    return trainer, hist, pref_eval, eval_fn
+
+
 def run_preference(cfg: PreferenceRunConfig) -> dict:
-    """Run (or resume) the preference experiment ``cfg``; returns the summary (also ``summary.json``)."""
-    from jaxrl_llm.data import (KTODataConfig, ListSource, PreferenceDataConfig, SFTDataConfig, kto_dataset,
-                                preference_dataset, sft_dataset)
+    """Run (or resume) the preference experiment ``cfg``; returns the summary (also ``summary.json``).
+    With ``pairs.source="spin"`` and ``pairs.iterations > 1`` the preference phase is SPIN's
+    self-play loop (one checkpoint directory per iteration: ``ckpt``, ``ckpt_spin1``, ...)."""
+    from jaxrl_llm.data import ListSource, SFTDataConfig, sft_dataset
     from jaxrl_llm.tasks import get_task
-    from jaxrl_llm.training import (Checkpointer, PreferenceEvaluator, PreferenceTrainer, SFTObjective, SFTTrainer,
-                                    init_train_state, make_train_step)
+    from jaxrl_llm.training import Checkpointer, SFTObjective, SFTTrainer, init_train_state, make_train_step
     from jaxrl_llm.training.evaluate import Evaluator
     from jaxrl_llm.training.telemetry import Telemetry
     from flax import nnx
@@ -175,58 +251,56 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
     sft_params = sft.state.params
     report["eval_after_sft"] = evaluate(sft_params)
 
-    # --- pairs, then the preference phase from the SFT model (also the frozen reference)
+    # --- pairs, then the preference phase from the SFT model (also the frozen reference); SPIN repeats
+    # it: each iteration pairs the reference answers with the current policy's samples and trains
+    # against the current policy as the reference (the opponent)
     pairs, held_out, report["pairs"] = _pairs(cfg, task, train_rows, eval_rows, gd, sft_params, tok)
-    ref = sft_params if objective.needs_reference else None
     p = cfg.pairs
-    if objective.paired:
-        dcfg = PreferenceDataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
-        make_data = preference_dataset
-    else:
-        dcfg = KTODataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
-        make_data, pairs, held_out = kto_dataset, _kto_rows(pairs), _kto_rows(held_out)
-    data = make_data(ListSource(pairs, "pairs"), tok, dcfg, process_index=0, process_count=1)
-    held_batch = next(make_data(ListSource(held_out, "held_out"), tok,
-                                dataclasses.replace(dcfg, batch_size=len(held_out), shuffle=False),
-                                process_index=0, process_count=1))
-    pref_eval = PreferenceEvaluator(gd, objective, held_batch, ref_params=ref, prefix="eval_pairs")
-    report["pairs_before"] = pref_eval(sft_params)
-
-    def eval_fn(params, *frozen):
-        return {**evaluate(params), **pref_eval(params)}
-    opt = make_optimizer(o.lr, cfg.run.steps, warmup_steps=o.warmup_steps, schedule=o.schedule,
-                         weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
-    start = jax.tree.map(jnp.copy, sft_params)  # the step donates its state; sft_params stay the reference
+    if not objective.paired:
+        pairs, held_out = _kto_rows(pairs), _kto_rows(held_out)
+    o = cfg.optim
     tel = Telemetry(out, tensorboard=cfg.run.tensorboard, console_every=cfg.run.console_every)
-    trainer = PreferenceTrainer(gd, init_train_state(start, opt, seed=seed),
-                                make_train_step(gd, opt, objective, num_microbatches=o.num_microbatches), data,
-                                objective, ref_params=ref, seed=seed,
-                                checkpointer=Checkpointer(out / "ckpt", keep_last=cfg.run.keep_last),
-                                checkpoint_every=cfg.run.checkpoint_every, eval_fn=eval_fn,
-                                eval_every=cfg.run.eval_every, log_fn=tel, config=resolved)
-    trainer.restore()
+    current, previous, hist_all = sft_params, [], []
     t0 = time.perf_counter()
-    hist = trainer.run(cfg.run.steps, progress=cfg.run.progress)
+    for it in range(p.iterations):
+        if it > 0:  # SPIN: new pairs from the current policy, plus the previous round's
+            pairs, info = spin_pairs(train_rows[:p.prompts], _sampler(cfg, gd, tok), current, tok,
+                                     cfg.run.seed + 1000 * it)
+            report[f"pairs_iteration{it}"] = info
+        train_pairs = pairs + (previous if p.keep_previous else [])
+        previous = pairs
+        ref = current if objective.needs_reference else None
+        trainer, hist, pref_eval, eval_fn = _preference_phase(
+            cfg, objective, gd, tok, train_pairs, held_out, current, ref, evaluate,
+            out / ("ckpt" if it == 0 else f"ckpt_spin{it}"), tel, resolved, seed + 1000 * it,
+            None if p.iterations == 1 else it)
+        if it == 0:
+            report["pairs_before"] = pref_eval(sft_params)
+        hist_all += hist
+        current = trainer.state.params
     tel.close()
-    first, last = hist[0], hist[-1]
+    first, last = hist_all[0], hist_all[-1]
     report["preference"] = {"seconds": time.perf_counter() - t0, "objective": objective.name,
                             **{f"{k}_first": first[k] for k in ("loss", "rewards/accuracy", "rewards/margin")},
                             **{f"{k}_last": last[k] for k in ("loss", "rewards/accuracy", "rewards/margin")}}
+    if p.iterations > 1:
+        report["preference"]["iterations"] = p.iterations
     report["eval_after_dpo"] = ({k: v for k, v in last.items() if k.startswith("eval")}
-                                if "eval/accuracy" in last else eval_fn(trainer.state.params))
+                                if "eval/accuracy" in last else eval_fn(current))
 
     # --- control: the same number of steps of plain SFT on the chosen answers instead
     if cfg.control:
         t0 = time.perf_counter()
         chosen = [{"prompt": x["prompt"], "completion": x["chosen"]} for x in pairs] if objective.paired else \
             [{"prompt": x["prompt"], "completion": x["completion"]} for x in pairs if x["label"]]
-        more_opt = make_optimizer(s.lr, cfg.run.steps, weight_decay=s.weight_decay, max_grad_norm=o.max_grad_norm)
+        steps = cfg.run.steps * p.iterations  # as many steps as the preference phase(s) took
+        more_opt = make_optimizer(s.lr, steps, weight_decay=s.weight_decay, max_grad_norm=o.max_grad_norm)
         more = SFTTrainer(gd, init_train_state(sft_params, more_opt, seed=seed),
                           make_train_step(gd, more_opt, SFTObjective()),
                           sft_dataset(ListSource(chosen, "chosen"), tok,
                                       dataclasses.replace(sft_data_cfg, batch_size=p.batch_size),
                                       process_index=0, process_count=1))
-        more.run(cfg.run.steps)
+        more.run(steps)
         report["control_more_sft"] = {**evaluate(more.state.params), "seconds": time.perf_counter() - t0}
     report["seconds"] = time.perf_counter() - t_start
     (out / "summary.json").write_text(json.dumps(jsonable(report), indent=1))

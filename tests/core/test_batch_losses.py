@@ -248,3 +248,27 @@ def test_garbage_outside_the_mask_changes_nothing_and_gets_no_gradient(name):
     close(f(bad, bad_old, np.where(m > 0, adv, np.inf), m), f(lp, old, adv, m))
     g = np.asarray(jax.grad(lambda x: f(x, bad_old, np.where(m > 0, adv, np.inf), m))(jnp.asarray(bad)))
     assert np.all(np.isfinite(g)) and np.all(g[m == 0] == 0) and np.any(g != 0)
+
+
+# ------------------------------------------------------------------------------------------------- HDPO
+
+
+def test_hdpo_channels_and_loss_hand_values():
+    g = np.zeros(4, np.int32)
+    a_acc, a_tool = C.hdpo_advantages(np.array([1, 1, 1, 0.]), np.ones(4), np.array([0, 2, 1, 3.]), g, 1)
+    close(a_acc, [0.5, 0.5, 0.5, -1.5], 1e-5)                   # GRPO of 0.9 ans + 0.1 fmt = [1, 1, 1, .1]
+    r_tool = np.array([1, 1 / 3, 1 / 2])                         # 1 / (T + 1) on the correct rows only
+    close(a_tool, np.append((r_tool - r_tool.mean()) / (r_tool.std(ddof=1) + 1e-6), 0.0), 1e-5)
+    _, m = ragged([[0] * n for n in (3, 5, 2, 4)], 5)
+    loss, met = C.hdpo_loss(np.zeros((4, 5)), np.zeros((4, 5)), np.asarray(a_acc)[:, None] * m, m,
+                            tool_advantages=a_tool)
+    acc = -(0.5 * 3 + 0.5 * 5 + 0.5 * 2 - 1.5 * 4) / 14
+    tool = -np.sum(np.asarray(a_tool)[:3] * [3, 5, 2]) / 10      # the tool term over its own rows' tokens
+    close(loss, acc + 0.15 * tool)
+    close(loss, 0.09064, 1e-4)
+    close(met["hdpo_tool_rows"], 3)
+    # one correct row: no tool signal; w_tool = 0: the accuracy term alone
+    _, t1 = C.hdpo_advantages(np.array([1, 0, 0, 0.]), np.ones(4), np.array([2, 0, 0, 0.]), g, 1)
+    close(t1, np.zeros(4))
+    close(C.hdpo_loss(np.zeros((4, 5)), np.zeros((4, 5)), np.asarray(a_acc)[:, None] * m, m, tool_advantages=a_tool,
+                      w_tool=0.0)[0], acc)

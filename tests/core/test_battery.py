@@ -204,6 +204,10 @@ R.update({
     "hapo_entropy_hat": (lambda h, m: C.hapo_entropy_hat(h, m), lambda s: [np.abs(_n(s, (B, T))) + 0.01, _mask(s)], 1),
     "hapo_loss": (lambda lp, o, a, m: C.hapo_loss(lp, o, a, m, old_entropy=jnp.abs(o) + 0.05), tok4, 3),
     "mdpo_loss": (lambda *a: C.mdpo_loss(*a, t=0.5), tok4, 3),
+    "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
+    "hdpo_advantages": (lambda a, f, k, v: C.hdpo_advantages(a, f, k, GID, NG, valid=v),
+                        lambda s: [_scores(s), _scores(s + 1), _rng(s).integers(0, 4, B).astype(np.float32),
+                                   np.ones(B, bool)], 3),
 })
 R.update({
     "egae_advantages": (lambda r, v, m: C.egae_advantages(r, v, m, np.array([True, False] * 3), 0.9, 0.95),

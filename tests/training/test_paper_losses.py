@@ -98,3 +98,10 @@ def test_shaping_parts_run_in_the_loop(shaping):
     tr = make("grpo", g=4, reward=[target_frac, calls], shaping=shaping)
     m = [tr.step() for _ in range(2)][-1]
     assert np.isfinite(m["rewards/shaped/mean"])
+
+
+def test_hdpo_reads_the_reward_functions():
+    tr = make("grpo", g=4, reward=[binary, calls], loss={"name": "hdpo", "answer_index": 0, "calls_index": 1})
+    m = [tr.step() for _ in range(2)][-1]
+    assert np.isfinite(m["policy/hdpo_acc_loss"]) and m["policy/hdpo_tool_rows"] >= 0
+    assert tr.last_batch["component_scores"].shape[1] == 2
