@@ -25,6 +25,8 @@ and, only when it lists them in ``requires``:
 * ``sum_pi_squared [N, T]``: ``sum_v pi(v)^2`` of the sampling policy at each response position;
 * ``old_entropy [N, T]``: the token entropy of the sampling policy (at the sampling temperature)
   at each response position;
+* ``aux_logp [N, T]``: log-probs of the sampled tokens under the auxiliary policy
+  (``model.aux_params``, e.g. a DPO-trained model: RTO's token rewards);
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
   function that does not apply to a row counts 0);
 * ``truncated [N]`` float32: 1 where the response was cut by the length budget (no stop token),
@@ -77,7 +79,7 @@ BASE_INPUTS = frozenset({"scores", "mask", "valid", "group_ids"})
 #: :mod:`jaxrl_llm.training.providers`)
 PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", "greedy_scores": "sequence",
                                    "old_logp": "token", "ref_logp": "token", "sum_pi_squared": "token",
-                                   "old_entropy": "token",
+                                   "old_entropy": "token", "aux_logp": "token",
                                    "component_scores": "components",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",
@@ -330,4 +332,22 @@ def egae(x, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> Adv
     """T-PPO's Extended GAE with a learned critic; truncated responses are bootstrapped."""
     adv, ret = core.egae_advantages(x["token_rewards"], x["values"], x["mask"], x["truncated"] > 0, gamma=gamma,
                                     lam=lam, whiten=whiten)
+    return Advantages(adv, ret)
+
+
+@register_estimator("rto", paper="DPO Meets PPO: Reinforced Token Optimization for RLHF (RTO, Zhong et al.), "
+                                 "arXiv:2404.18922",
+                    core=("rto_token_rewards", "gae_advantages"), requires=("token_rewards", "values", "aux_logp",
+                                                                            "ref_logp"),
+                    methods=(139,), verified="hand values (the authors' code's reward), GAE: verl",
+                    tests="tests/core/test_advantages.py, tests/training/test_aux_policy.py",
+                    note="dense token rewards beta1 clip(log pi_dpo - log pi_ref, +-c) from the auxiliary policy "
+                         "(model.aux_params: a DPO model) plus the outcome and the recipe's KL in the reward, then "
+                         "PPO's GAE with a critic")
+def rto(x, *, scale: float = 0.05, clip: float = 0.05, gamma: float = 1.0, lam: float = 0.95,
+        whiten: bool = True) -> Advantages:
+    """RTO: PPO on the DPO model's token-level implicit rewards (plus the outcome and the KL)."""
+    dense = core.rto_token_rewards(x["aux_logp"], x["ref_logp"], x["mask"], scale=scale, clip=clip)
+    adv, ret = core.gae_advantages(x["token_rewards"] + dense, x["values"], x["mask"], gamma=gamma, lam=lam,
+                                   whiten=whiten)
     return Advantages(adv, ret)

@@ -91,6 +91,25 @@ def kto(logps, counts, batch, **kw):
     return core.kto_loss(logps, batch["ref_logps"], batch["desirable"], batch["kl_ref_point"][0], **kw)
 
 
+def tgdpo(logps, counts, batch, *, beta: float = 0.1, alpha: float = 0.5):
+    """TGDPO: DPO's logistic loss on token-weighted sequence log-likelihoods (the trainer weighs
+    each token by :func:`jaxrl_llm.core.tgdpo_token_weights` of the auxiliary model; ``alpha`` is
+    read there)."""
+    ref = batch["ref_logps"]
+    return core.sigmoid_dpo_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], beta=beta)
+
+
+PREFERENCE_LOSSES.register(Part(
+    "tgdpo", tgdpo,
+    paper="TGDPO: Harnessing Token-Level Reward Guidance for Enhancing Direct Preference Optimization (Zhu et al.), "
+          "arXiv:2506.14574",
+    core=("tgdpo_token_weights", "tgdpo_loss", "sigmoid_dpo_loss"), requires=frozenset({"ref_logps", "token_weights"}),
+    methods=(138,), verified="hand values (the authors' code), paper identity (alpha = 0: DPO, TRL)",
+    tests="tests/core/test_preference.py, tests/training/test_aux_policy.py",
+    flags=(("paired", True), ("token_weights", True)),
+    note="per-token weights 1 +- alpha beta log(pi_rm / pi_ref) from the auxiliary model (model.aux_params: a DPO "
+         "model) on the chosen / rejected tokens"))
+
 PREFERENCE_LOSSES.register(Part(
     "spin", _paired_dpo(core.sigmoid_dpo_loss),
     paper="Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models (SPIN, Chen et al.), "

@@ -26,6 +26,7 @@ from jaxrl_llm.core.stats import group_stats, group_sum, masked_whiten, safe_div
 __all__ = [
     "gae_advantages",
     "egae_advantages",
+    "rto_token_rewards",
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
@@ -185,6 +186,37 @@ def egae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.n
     if whiten:
         adv = masked_whiten(adv, m)
     return jax.lax.stop_gradient(adv * m), jax.lax.stop_gradient(returns * m)
+
+
+def rto_token_rewards(dpo_logp: jnp.ndarray, ref_logp: jnp.ndarray, mask: jnp.ndarray, *, scale: float = 0.05,
+                      clip: float = 0.05) -> jnp.ndarray:
+    """RTO's dense token rewards from a DPO-trained policy.
+
+    ``d_t = clip(scale (log pi_dpo(y_t) - log pi_ref(y_t)), -clip, clip)`` per response token: the
+    DPO model's token-level implicit reward (DPO's reward is ``beta log pi / pi_ref`` summed over
+    tokens), scaled and clipped; RTO adds it to the sparse reward-model score on the last token
+    and the per-token KL penalty, and optimises with PPO.
+
+    Paper: "DPO Meets PPO: Reinforced Token Optimization for RLHF" (Zhong et al.),
+    arXiv:2404.18922; the authors' code (``zkshan2002/RTO`` @f2c1294, ``_compute_dpo_rewards``)
+    and script: ``scale = 0.05`` (``dpo_reward_scale``), ``clip = 0.05`` (``dpo_reward_clip``; 0 is
+    no clip, as in the code). ``scale = 0`` gives plain PPO-RLHF.
+
+    Args:
+      dpo_logp: ``[B, T]`` log-probs of the sampled tokens under the DPO model. ref_logp: ``[B, T]``
+        under the reference (the DPO model's starting point). mask: ``[B, T]``.
+
+    Returns:
+      ``[B, T]`` float32, zero outside the mask; no gradient.
+    """
+    _checks.check_token_args(dpo_logp=dpo_logp, ref_logp=ref_logp, mask=mask)
+    _checks.check_positive("clip", clip, allow_zero=True)
+    m = _checks.as_mask(mask)
+    d = scale * (_checks.zero_outside(_checks.as_float(dpo_logp), m) - _checks.zero_outside(_checks.as_float(ref_logp),
+                                                                                            m))
+    if clip > 0:
+        d = jnp.clip(d, -clip, clip)
+    return jax.lax.stop_gradient(d * m)
 
 
 def grpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,

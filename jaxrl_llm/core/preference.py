@@ -35,6 +35,8 @@ from jaxrl_llm.core import _checks
 from jaxrl_llm.core.stats import safe_divide
 
 __all__ = [
+    "tgdpo_token_weights",
+    "tgdpo_loss",
     "PreferenceOutput",
     "DPO_LOSS_TYPES",
     "CPO_LOSS_TYPES",
@@ -842,3 +844,73 @@ def kto_paired_loss(chosen_logps: jnp.ndarray, rejected_logps: jnp.ndarray,
     metrics["kl_chosen"] = z_c + jnp.zeros((), c.dtype)
     metrics["kl_rejected"] = z_r + jnp.zeros((), c.dtype)
     return PreferenceOutput(losses, cr, rr, metrics)
+
+
+
+# ------------------------------------------------------------------------------------------------ TGDPO
+
+
+def tgdpo_token_weights(aux_logp_chosen: jnp.ndarray, ref_logp_chosen: jnp.ndarray, aux_logp_rejected: jnp.ndarray,
+                        ref_logp_rejected: jnp.ndarray, *, alpha: float = 0.5, beta: float = 0.1
+                        ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """TGDPO's per-token weights from a token-level reward model: ``(w_chosen, w_rejected)``.
+
+    With the token reward ``v_t = log pi_rm(y_t) - log pi_ref(y_t)`` of a previously trained
+    policy ``pi_rm`` (a DPO model): ``w^w_t = 1 + alpha beta v^w_t`` on the chosen response and
+    ``w^l_t = 1 - alpha beta v^l_t`` on the rejected one (more weight where the token reward
+    agrees with the preference). DPO on the weighted sequence log-ratios
+    ``h = beta [sum_t w^w_t (logp - ref)^w - sum_t w^l_t (logp - ref)^l]`` is TGDPO
+    (:func:`tgdpo_loss`); ``alpha = 0`` gives DPO. No clamp (as the authors' code).
+
+    Paper: "TGDPO: Harnessing Token-Level Reward Guidance for Enhancing Direct Preference
+    Optimization" (Zhu et al.), arXiv:2506.14574; code ``dvlab-research/TGDPO`` @dd88982
+    (``dpo_loss``, sigmoid branch): ``alpha = 0.5``, ``beta = 0.1``.
+
+    Args:
+      aux_logp_chosen, ref_logp_chosen, aux_logp_rejected, ref_logp_rejected: per-token log-probs
+        ``[..., T]`` of the token-reward model and the reference. alpha, beta: as above.
+
+    Returns:
+      ``(w_chosen, w_rejected)`` float32 of the inputs' shape, no gradient.
+    """
+    for name, x in (("aux_logp_chosen", aux_logp_chosen), ("ref_logp_chosen", ref_logp_chosen),
+                    ("aux_logp_rejected", aux_logp_rejected), ("ref_logp_rejected", ref_logp_rejected)):
+        _checks.check_float(name, x)
+    vw = jnp.asarray(aux_logp_chosen, jnp.float32) - jnp.asarray(ref_logp_chosen, jnp.float32)
+    vl = jnp.asarray(aux_logp_rejected, jnp.float32) - jnp.asarray(ref_logp_rejected, jnp.float32)
+    return jax.lax.stop_gradient(1.0 + alpha * beta * vw), jax.lax.stop_gradient(1.0 - alpha * beta * vl)
+
+
+def tgdpo_loss(logp_chosen: jnp.ndarray, logp_rejected: jnp.ndarray, ref_logp_chosen: jnp.ndarray,
+               ref_logp_rejected: jnp.ndarray, aux_logp_chosen: jnp.ndarray, aux_logp_rejected: jnp.ndarray,
+               mask_chosen: jnp.ndarray, mask_rejected: jnp.ndarray, *, alpha: float = 0.5, beta: float = 0.1
+               ) -> PreferenceOutput:
+    """TGDPO on per-token log-probs: ``-log sigmoid(sum_t beta w^w_t u^w_t - sum_t beta w^l_t u^l_t)``
+    with ``u = logp - ref_logp`` and the weights of :func:`tgdpo_token_weights`.
+
+    Paper: "TGDPO: Harnessing Token-Level Reward Guidance for Enhancing Direct Preference
+    Optimization" (Zhu et al.), arXiv:2506.14574 (see :func:`tgdpo_token_weights`). The trainer
+    computes the same loss from weighted sequence sums (``recipe.loss=tgdpo`` of a preference run).
+
+    Args:
+      ``[B, T]`` per-token log-probs of the policy, the reference and the token-reward model on the
+      chosen and rejected responses, and their masks. alpha, beta: as above.
+
+    Returns:
+      :class:`PreferenceOutput` (per-pair losses ``[B]`` and the pair metrics).
+    """
+    mc, mr = (_checks.as_mask(x) for x in (mask_chosen, mask_rejected))
+    # values outside the masks never matter (and get no gradient): zero them first
+    lc, rc_, ac = (_checks.zero_outside(_checks.as_float(x), mc) for x in (logp_chosen, ref_logp_chosen,
+                                                                           aux_logp_chosen))
+    lr, rr_, ar = (_checks.zero_outside(_checks.as_float(x), mr) for x in (logp_rejected, ref_logp_rejected,
+                                                                           aux_logp_rejected))
+    ww, wl = tgdpo_token_weights(ac, rc_, ar, rr_, alpha=alpha, beta=beta)
+    logp_chosen, ref_logp_chosen, logp_rejected, ref_logp_rejected = lc, rc_, lr, rr_
+
+    def wsum(w, x, m):
+        return jnp.sum(jnp.where(m > 0, w * x, 0.0), axis=-1)
+
+    c, r = wsum(ww, logp_chosen, mc), wsum(wl, logp_rejected, mr)
+    rc, rr = wsum(ww, ref_logp_chosen, mc), wsum(wl, ref_logp_rejected, mr)
+    return sigmoid_dpo_loss(c, r, rc, rr, beta=beta)

@@ -34,7 +34,10 @@ class ModelSpec:
     policy of a KL recipe in host memory (same sharding) and move it to the devices only for
     its log-prob pass, saving its size in device memory between passes at the price of one
     host-to-device copy per step (no effect without a reference; with LoRA the reference is
-    the adapters only).
+    the adapters only). ``aux_params``: a parameter directory of a model with the same
+    architecture and parameter layout (the ``final_params/`` a preference run writes, an RL run's
+    ``sft_params/``): the auxiliary policy whose per-token log-probs RTO's dense rewards and
+    TGDPO's token weights read (a DPO-trained model in those papers).
     """
 
     source: str = "smollm2"
@@ -48,6 +51,7 @@ class ModelSpec:
     hidden_size: int = 64
     num_layers: int = 2
     offload_reference: bool = False
+    aux_params: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,6 +144,8 @@ class RLTrainer(HostLoop):
         (PPO); its state is updated in place and checkpointed with the policy.
       baseline_sampler: the greedy sampler of recipes that require ``greedy_scores`` (ReMax);
         default: the sampler's config with ``greedy=True, num_samples=1`` and the same buckets.
+      aux_params: an auxiliary policy's params (same graph), required when the recipe reads
+        ``aux_logp`` (RTO's DPO model).
       checkpointer, checkpoint_every, eval_fn, eval_every, log_fn, config: as
         :class:`~jaxrl_llm.training.host_loop.HostLoop` (``eval_fn(params, *frozen)``).
 
@@ -159,7 +161,7 @@ class RLTrainer(HostLoop):
 
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
-                 baseline_sampler: Sampler | None = None, **loop_kw: Any):
+                 baseline_sampler: Sampler | None = None, aux_params: Any = None, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -170,6 +172,9 @@ class RLTrainer(HostLoop):
                              f"from one value (build_recipe(..., temperature=sampler.config.temperature))")
         if recipe.needs_reference and ref_params is None:
             raise ValueError(f"recipe {recipe.name!r} has a KL term (it requires ref_logp): pass ref_params")
+        if "aux_logp" in recipe.requires and aux_params is None:
+            raise ValueError(f"recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) reads an auxiliary "
+                             f"policy's log-probs: pass aux_params (model.aux_params in a run config)")
         if recipe.needs_critic and critic is None:
             raise ValueError(f"recipe {recipe.name!r} estimates advantages from a critic's values: pass "
                              f"critic=Critic(...) (e.g. Critic.create(cfg, optimizer, recipe.value_objective, "
@@ -198,6 +203,7 @@ class RLTrainer(HostLoop):
         super().__init__(graphdef, state, train_step, data, seed=seed, frozen=frozen, **loop_kw)
         self.sampler, self.rewards, self.recipe, self.tokenizer = sampler, rewards, recipe, tokenizer
         self.ref_params, self.critic, self.baseline_sampler = ref_params, critic, baseline_sampler
+        self.aux_params = aux_params
         self.kl_state = recipe.kl_controller.init() if recipe.kl_controller is not None else None
         names = [s.name for s in getattr(rewards, "specs", ())]
         for sh in recipe.shaping:  # a bad shaping argument fails here, not after the first rollout

@@ -96,6 +96,9 @@ class PreferenceObjective:
         whole batch: equal when the chosen completions have equal lengths). Not for unpaired rows.
       chunk_size: positions per logits slice of the log-prob computation.
       name: the loss's name in messages.
+      token_weighted: the sequence log-likelihoods are token-weighted sums with the batch's
+        ``token_weights [B, 2, L - 1]`` (TGDPO: the trainer computes them from an auxiliary
+        model, and weights the reference sums the same way).
 
     Metrics (means over pairs): ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracy``,
     ``rewards/margin``, ``logps/chosen``, ``logps/rejected`` (what the core returns: sums for
@@ -115,6 +118,7 @@ class PreferenceObjective:
     sft_coef: float = 0.0
     chunk_size: int = 128
     name: str = ""
+    token_weighted: bool = False
 
     def __post_init__(self):
         if not self.name:
@@ -142,6 +146,7 @@ class PreferenceObjective:
     def batch_keys(self) -> tuple[str, ...]:
         """The arrays the batch must hold (see the module docstring for their shapes)."""
         keys = ("tokens", "mask", "loss_mask") + (("ref_logps",) if self.needs_reference else ())
+        keys += ("token_weights",) if self.token_weighted else ()
         return keys + (() if self.paired else ("desirable", "kl_ref_point"))
 
     # ------------------------------------------------------------------ the objective protocol
@@ -163,6 +168,14 @@ class PreferenceObjective:
                              f"{tuple(tokens.shape)}")
         lead, n = tokens.shape[:-1], tokens.shape[-1]
         flat = lambda x, k: x.reshape((-1, k))  # noqa: E731
+        if self.token_weighted:
+            logp, _ = policy_logprobs(model, {"tokens": flat(tokens, n), "mask": flat(batch["mask"], n)},
+                                      chunk_size=self.chunk_size)
+            m = flat(batch["loss_mask"], n - 1).astype(bool)
+            w = flat(batch["token_weights"], n - 1).astype(jnp.float32)
+            s = jnp.sum(jnp.where(m, w * logp, 0.0), axis=-1)
+            c = jnp.sum(m.astype(jnp.float32), axis=-1)
+            return s.reshape(lead), c.reshape(lead)
         s, c = sequence_logps(model, flat(tokens, n), flat(batch["mask"], n), flat(batch["loss_mask"], n - 1),
                               chunk_size=self.chunk_size)
         return s.reshape(lead), c.reshape(lead)
@@ -239,6 +252,10 @@ PREFERENCE_RECIPES: dict[str, PreferenceRecipe] = {r.name: r for r in (
                      "(SPIN), arXiv:2401.01335",
                      "beta 0.1 (the authors' configs); with pairs.source=spin: chosen = the reference answer, "
                      "rejected = the current policy's sample, reference = the previous iterate"),
+    PreferenceRecipe("tgdpo", "tgdpo", (("beta", 0.1), ("alpha", 0.5)), 0.0,
+                     "Zhu et al., TGDPO: Harnessing Token-Level Reward Guidance for Enhancing Direct Preference "
+                     "Optimization, arXiv:2506.14574",
+                     "beta 0.1, alpha 0.5 (the authors' config); the token-reward model is model.aux_params"),
     PreferenceRecipe("kto", "kto", (("beta", 0.1),), 0.0,
                      "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
                      "beta 0.1, lambda_D = lambda_U = 1 (keep lambda_D n_D / (lambda_U n_U) in [1, 4/3]); "
@@ -256,7 +273,8 @@ def preference_objective(loss: str, *, sft_coef: float = 0.0, chunk_size: int = 
     except RegistryError as e:
         raise RegistryError(f"PreferenceObjective.loss_kwargs: {e}") from None
     return PreferenceObjective(bound, needs_reference="ref_logps" in part.requires, paired=part.flag("paired"),
-                               sft_coef=sft_coef, chunk_size=chunk_size, name=loss)
+                               sft_coef=sft_coef, chunk_size=chunk_size, name=loss,
+                               token_weighted=bool(part.flag("token_weights")))
 
 
 def preference_recipe(name: str, **overrides: Any) -> PreferenceObjective:
@@ -360,6 +378,32 @@ def kto_mismatched_rows(tokens: np.ndarray, mask: np.ndarray, loss_mask: np.ndar
     return out, out_mask, lm[:, 1:]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _forward_tokens(graphdef, chunk_size, params, frozen, tokens, mask):
+    return policy_logprobs(nnx.merge(graphdef, params, *frozen), {"tokens": tokens, "mask": mask},
+                           chunk_size=chunk_size)[0]
+
+
+def _add_token_weights(objective: PreferenceObjective, arrays: dict, graphdef: Any, ref_params: Any,
+                       aux_params: Any, frozen: tuple) -> dict:
+    """TGDPO: ``token_weights [B, 2, L - 1]`` from the auxiliary (token-reward) model and the
+    reference, and ``ref_logps`` as the same token-weighted sums."""
+    kw = dict(objective.loss.kwargs) if hasattr(objective.loss, "kwargs") else {}
+    tokens, mask, lm = (np.asarray(arrays[k]) for k in ("tokens", "mask", "loss_mask"))
+    b, _, n = tokens.shape
+    flat_t, flat_m = tokens.reshape(-1, n), mask.reshape(-1, n)
+    ref = np.asarray(_forward_tokens(graphdef, objective.chunk_size, ref_params, tuple(frozen), flat_t, flat_m))
+    aux = np.asarray(_forward_tokens(graphdef, objective.chunk_size, aux_params, tuple(frozen), flat_t, flat_m))
+    ref, aux = ref.reshape(b, 2, n - 1), aux.reshape(b, 2, n - 1)
+    ww, wl = core.tgdpo_token_weights(aux[:, 0], ref[:, 0], aux[:, 1], ref[:, 1], alpha=kw.get("alpha", 0.5),
+                                      beta=kw.get("beta", 0.1))
+    w = np.stack([np.asarray(ww), np.asarray(wl)], axis=1).astype(np.float32)
+    out = dict(arrays)
+    out["token_weights"] = np.where(lm, w, 0.0).astype(np.float32)
+    out["ref_logps"] = np.sum(np.where(lm, w * ref, 0.0), axis=-1).astype(np.float32)
+    return out
+
+
 def _add_reference(objective: PreferenceObjective, arrays: dict, logps: SequenceLogps, ref_params: Any,
                    policy_params: Any, frozen: tuple, kto_reference_point: str) -> dict:
     """``ref_logps`` (and for unpaired KTO ``kl_ref_point``) added to ``arrays``."""
@@ -428,7 +472,8 @@ class PreferenceTrainer(HostLoop):
     progress_desc = "preference"
 
     def __init__(self, graphdef: Any, state: Any, train_step: Any, data: Any, objective: PreferenceObjective, *,
-                 ref_params: Any = None, ref_microbatches: int = 1, kto_reference_point: str = "mismatched", **kw):
+                 ref_params: Any = None, ref_microbatches: int = 1, kto_reference_point: str = "mismatched",
+                 aux_params: Any = None, **kw):
         if not isinstance(objective, PreferenceObjective):
             raise TypeError(f"PreferenceTrainer.objective must be a PreferenceObjective, got {type(objective).__name__}")
         if objective.needs_reference and ref_params is None:
@@ -437,15 +482,22 @@ class PreferenceTrainer(HostLoop):
         if kto_reference_point not in _KTO_POINTS:
             raise ValueError(f"PreferenceTrainer.kto_reference_point must be one of {_KTO_POINTS}, got "
                              f"{kto_reference_point!r}")
+        if objective.token_weighted and aux_params is None:
+            raise ValueError(f"PreferenceTrainer.aux_params is required: loss {objective.name!r} weighs tokens by an "
+                             f"auxiliary model's token rewards (model.aux_params in a run config)")
         super().__init__(graphdef, state, train_step, data, **kw)
         if ref_params is not None and _shares_buffers(ref_params, state.params):
             ref_params = jax.tree.map(jnp.copy, ref_params)  # a donating train step would delete them
         self.objective, self.ref_params, self.kto_reference_point = objective, ref_params, kto_reference_point
+        self.aux_params = aux_params
         self.logps = SequenceLogps(graphdef, chunk_size=objective.chunk_size, microbatches=ref_microbatches)
 
     def prepare(self, batch: PreferenceBatch | KTOBatch) -> dict:
         """The train arrays of a data batch, with the reference log-probs."""
         _check_batch_kind(self.objective, batch)
+        if self.objective.token_weighted:
+            return _add_token_weights(self.objective, preference_arrays(batch), self.graphdef, self.ref_params,
+                                      self.aux_params, self.frozen)
         return _add_reference(self.objective, preference_arrays(batch), self.logps, self.ref_params,
                               self.state.params, self.frozen, self.kto_reference_point)
 
@@ -483,7 +535,7 @@ class PreferenceEvaluator:
 
     def __init__(self, graphdef: Any, objective: PreferenceObjective, batch: PreferenceBatch | KTOBatch, *,
                  ref_params: Any = None, frozen: tuple = (), kto_reference_point: str = "mismatched",
-                 prefix: str = "eval"):
+                 prefix: str = "eval", aux_params: Any = None):
         if objective.needs_reference and ref_params is None:
             raise ValueError(f"PreferenceEvaluator.ref_params is required for loss {objective.name!r}")
         _check_batch_kind(objective, batch)
@@ -491,7 +543,11 @@ class PreferenceEvaluator:
         self.logps = SequenceLogps(graphdef, chunk_size=objective.chunk_size)
         self.ref_params = ref_params
         arrays = preference_arrays(batch)
-        if objective.needs_reference:
+        if objective.token_weighted:
+            if aux_params is None:
+                raise ValueError(f"PreferenceEvaluator.aux_params is required for loss {objective.name!r}")
+            arrays = _add_token_weights(objective, arrays, graphdef, ref_params, aux_params, tuple(frozen))
+        elif objective.needs_reference:
             arrays["ref_logps"] = self.logps(ref_params, tuple(frozen), arrays["tokens"], arrays["mask"],
                                              arrays["loss_mask"]).astype(np.float32)
         self.arrays = arrays

@@ -64,6 +64,9 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
     if p.iterations > 1 and p.source != "spin":
         raise ConfigError(f"pairs.iterations={p.iterations} is SPIN's self-play (pairs.source=spin), not "
                           f"pairs.source={p.source!r}")
+    if obj.token_weighted and not cfg.model.aux_params:
+        raise ConfigError(f"recipe.loss {obj.name!r} weighs tokens by an auxiliary model's token rewards: set "
+                          f"model.aux_params=<a parameter directory, e.g. a DPO run's final_params>")
     if p.source == "spin" and not obj.needs_reference:
         raise ConfigError(f"pairs.source=spin trains against the previous iterate as the reference; loss {obj.name!r} "
                           f"has none (use recipe.name=spin or a reference-based loss)")
@@ -170,7 +173,8 @@ def _kto_rows(pairs: list[dict]) -> list[dict]:
 
 
 def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list, held_out: list, start_params,
-                      ref, evaluate, ckpt_dir: Path, tel, resolved: dict, seed: int, iteration: int | None):
+                      ref, evaluate, ckpt_dir: Path, tel, resolved: dict, seed: int, iteration: int | None,
+                      aux: Any = None):
     """One preference phase from ``start_params`` against ``ref``: ``(trainer, history, pair
     evaluator, eval_fn)``; resumes from (or skips with) its checkpoint in ``ckpt_dir``."""
     from jaxrl_llm.data import KTODataConfig, ListSource, PreferenceDataConfig, kto_dataset, preference_dataset
@@ -187,7 +191,7 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     held_batch = next(make_data(ListSource(held_out, "held_out"), tok,
                                 dataclasses.replace(dcfg, batch_size=len(held_out), shuffle=False),
                                 process_index=0, process_count=1))
-    pref_eval = PreferenceEvaluator(gd, objective, held_batch, ref_params=ref, prefix="eval_pairs")
+    pref_eval = PreferenceEvaluator(gd, objective, held_batch, ref_params=ref, prefix="eval_pairs", aux_params=aux)
 
     def eval_fn(params, *frozen):
         return {**evaluate(params), **pref_eval(params)}
@@ -197,7 +201,7 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     log_fn = tel if iteration is None else (lambda m, _tel=tel, _it=iteration: _tel({**m, "spin/iteration": _it}))
     trainer = PreferenceTrainer(gd, init_train_state(start, opt, seed=seed),
                                 make_train_step(gd, opt, objective, num_microbatches=o.num_microbatches), data,
-                                objective, ref_params=ref, seed=seed,
+                                objective, ref_params=ref, seed=seed, aux_params=aux,
                                 checkpointer=Checkpointer(ckpt_dir, keep_last=cfg.run.keep_last),
                                 checkpoint_every=cfg.run.checkpoint_every, eval_fn=eval_fn,
                                 eval_every=cfg.run.eval_every, log_fn=log_fn, config=resolved)
@@ -261,6 +265,11 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
     o = cfg.optim
     tel = Telemetry(out, tensorboard=cfg.run.tensorboard, console_every=cfg.run.console_every)
     current, previous, hist_all = sft_params, [], []
+    aux = None
+    if objective.token_weighted:
+        from jaxrl_llm.training.loading import load_aux_params
+
+        aux = load_aux_params(cfg.model.aux_params, sft_params)
     t0 = time.perf_counter()
     for it in range(p.iterations):
         if it > 0:  # SPIN: new pairs from the current policy, plus the previous round's
@@ -273,7 +282,7 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
         trainer, hist, pref_eval, eval_fn = _preference_phase(
             cfg, objective, gd, tok, train_pairs, held_out, current, ref, evaluate,
             out / ("ckpt" if it == 0 else f"ckpt_spin{it}"), tel, resolved, seed + 1000 * it,
-            None if p.iterations == 1 else it)
+            None if p.iterations == 1 else it, aux)
         if it == 0:
             report["pairs_before"] = pref_eval(sft_params)
         hist_all += hist
@@ -287,6 +296,11 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
         report["preference"]["iterations"] = p.iterations
     report["eval_after_dpo"] = ({k: v for k, v in last.items() if k.startswith("eval")}
                                 if "eval/accuracy" in last else eval_fn(current))
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as c:  # the trained policy alone: another run's model.aux_params (RTO, TGDPO)
+        c.save((out / "final_params").absolute(), current, force=True)
+    report["final_params"] = str(out / "final_params")
 
     # --- control: the same number of steps of plain SFT on the chosen answers instead
     if cfg.control:

@@ -220,6 +220,13 @@ def _old_entropy(tr, step: StepBatch) -> None:
     step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
 
 
+@provider("aux_logp")
+def _aux_logp(tr, step: StepBatch) -> None:
+    """Log-probs of the sampled tokens under the auxiliary policy (``model.aux_params``)."""
+    a = step.arrays
+    step.arrays["aux_logp"] = _target(step, tr.logp(tr.aux_params, tr.frozen, a["tokens"], a["mask"]))
+
+
 @provider("answer_ids")
 def _answer_ids(tr, step: StepBatch) -> None:
     """``[N]`` the answer cluster of each row: the completions decoded and keyed by the recipe's

@@ -196,6 +196,9 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rec = rl_recipe(cfg)
+    if "aux_logp" in rec.requires and not cfg.model.aux_params:
+        raise ConfigError(f"recipe.advantage={rec.estimator.name} reads an auxiliary policy (a DPO-trained model): set "
+                          f"model.aux_params=<a parameter directory, e.g. a preference run's final_params>")
     m_ = cfg.mesh
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.data * m_.fsdp * m_.tensor)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
@@ -353,8 +356,14 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         if cfg.run.log_samples_every and (it == 1 or it % cfg.run.log_samples_every == 0):
             tel.log_samples(it, trainer.last_samples(4))
 
+    aux_params = None
+    if "aux_logp" in rec.requires:
+        from jaxrl_llm.training.loading import load_aux_params
+
+        aux_params = load_aux_params(cfg.model.aux_params, params)
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
+                        aux_params=aux_params,
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer

@@ -441,3 +441,16 @@ def test_egae_bootstraps_truncated_rows_and_is_gae_otherwise():
     v2 = np.array([[.1, .2, .3, 0], [.4, .3, .2, .1]], np.float32)
     np.testing.assert_allclose(C.egae_advantages(r2, v2, m2, np.array([False, False]), 0.9, 0.8)[0],
                                C.gae_advantages(r2, v2, m2, 0.9, 0.8)[0], atol=1e-6)
+
+
+def test_rto_token_rewards_hand_values():
+    import jaxrl_llm.core as C
+
+    d = C.rto_token_rewards(np.array([[0.5, -2.0, 0.1]]), np.zeros((1, 3)), np.ones((1, 3)))
+    np.testing.assert_allclose(d, [[0.025, -0.05, 0.005]], atol=1e-7)  # x 0.05, clipped at +-0.05
+    np.testing.assert_allclose(C.rto_token_rewards(np.array([[0.5, -2.0]]), np.zeros((1, 2)), np.ones((1, 2)),
+                                                   clip=0.0), [[0.025, -0.1]], atol=1e-7)  # clip 0: none
+    # with the outcome 1.5 on the last token and the KL -0.01 (old - ref): GAE as in the authors' example
+    r = d + np.array([[-0.001, 0.0, 0.002]]) + np.array([[0, 0, 1.5]])
+    adv, ret = C.gae_advantages(r, np.array([[.5, .6, .8]]), np.ones((1, 3)), 1.0, 0.95, whiten=False)
+    np.testing.assert_allclose(adv, [[0.904567, 0.821650, 0.707000]], atol=1e-5)

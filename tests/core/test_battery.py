@@ -220,6 +220,13 @@ R.update({
     "eapo_turn_advantages": (lambda e, m: C.eapo_turn_advantages(e, m, GID, NG, gamma=0.9),
                              lambda s: [_n(s, (B,)), _mask(s)], 1),
 })
+R.update({
+    "rto_token_rewards": (lambda a, r, m: C.rto_token_rewards(a, r, m), lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2),
+    "tgdpo_token_weights": (lambda a, b, c, d: C.tgdpo_token_weights(a, b, c, d, alpha=2.0),
+                            lambda s: [_lp(s), _lp(s + 1), _lp(s + 2), _lp(s + 3)], None),
+    "tgdpo_loss": (lambda lc, lr, m: C.tgdpo_loss(lc, lr, lc * 0.9, lr * 1.1, lc * 1.2, lr * 0.8, m, m),
+                   lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2),
+})
 # reward designs (sequence-level)
 R.update({
     "thinkless_reward": (lambda c, s: C.thinkless_reward(c > 0, s > 0), lambda s: [_scores(s), _scores(s + 1)], None),

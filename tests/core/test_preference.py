@@ -366,3 +366,25 @@ def test_zero_smoothing_variants_equal_sigmoid(rows, beta):
     one = np.ones(len(c), np.int32)
     np.testing.assert_allclose(P.simpo_loss(c, r, one, one, beta=beta, gamma=0.0).losses,
                                P.cpo_loss(c, r, beta=beta).losses, rtol=1e-6, atol=1e-7)
+
+
+def test_tgdpo_hand_values_gradients_and_dpo_limit():
+    import jax
+
+    import jaxrl_llm.core as C
+
+    # beta 0.1, alpha 0.5; chosen u = [.2, -.1, .3] with token rewards v = [1, -2, .5]; rejected u = [-.2, .1], v = [-1, 3]
+    uw, vw = np.array([[.2, -.1, .3]], np.float32), np.array([[1, -2, .5]], np.float32)
+    ul, vl = np.array([[-.2, .1]], np.float32), np.array([[-1, 3]], np.float32)
+    zw, zl = np.zeros_like(uw), np.zeros_like(ul)
+    out = C.tgdpo_loss(uw, ul, zw, zl, vw, vl, np.ones_like(uw), np.ones_like(ul))
+    cw, cl = 0.1 * (1 + 0.05 * vw), 0.1 * (1 - 0.05 * vl)       # [.105, .09, .1025], [.105, .085]
+    h = np.sum(cw * uw) - np.sum(cl * ul)                         # 0.05525
+    np.testing.assert_allclose(out.losses, [np.log1p(np.exp(-h))], rtol=1e-5)
+    np.testing.assert_allclose(out.losses, [0.665904], rtol=1e-5)
+    g = jax.grad(lambda a: C.tgdpo_loss(a, ul, zw, zl, vw, vl, np.ones_like(uw), np.ones_like(ul)).losses[0])(uw)
+    np.testing.assert_allclose(g, -(1 - 1 / (1 + np.exp(-h))) * cw, rtol=1e-5)
+    # alpha = 0: DPO on summed log-ratios
+    dpo = C.sigmoid_dpo_loss(uw.sum(1), ul.sum(1), zw.sum(1), zl.sum(1), beta=0.1)
+    np.testing.assert_allclose(C.tgdpo_loss(uw, ul, zw, zl, vw, vl, np.ones_like(uw), np.ones_like(ul),
+                                            alpha=0.0).losses, dpo.losses, rtol=1e-6)

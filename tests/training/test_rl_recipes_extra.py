@@ -119,7 +119,7 @@ class MismatchedSampler:
 
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
-         stop=False, mismatch=False, **overrides):
+         stop=False, mismatch=False, aux=False, **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -142,8 +142,10 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
     step = cached(("step", rec.objective, lr), lambda: make_train_step(gd, opt, rec.objective))
     rows = rows or [(p, False) for p in PROMPTS]
     rewards = Rewards(reward if isinstance(reward, list) else [reward])
+    # an auxiliary policy (RTO's DPO model): the initial weights, moved a little
+    aux_params = commit(jax.tree.map(lambda x: x + 0.05 * np.sign(x), params)) if aux else None
     return RLTrainer(gd, state, step, sampler, ToyData(rows, prompts_per_step), rewards, rec, Tok(), seed=3,
-                     ref_params=ref_params, critic=critic)
+                     ref_params=ref_params, critic=critic, aux_params=aux_params)
 
 
 def max_diff(a, b):

@@ -1,0 +1,118 @@
+"""The auxiliary policy (model.aux_params) and the methods that read it: RTO's dense token
+rewards in the RL loop, TGDPO's token weights in the preference trainer; loading and errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxrl_llm.core as core
+from jaxrl_llm.config import Choice, ConfigError
+from jaxrl_llm.models import ModelConfig, Transformer
+from jaxrl_llm.models.logprobs import token_logprobs
+from jaxrl_llm.training import preference_recipe
+from jaxrl_llm.training.preference import _add_token_weights
+from test_rl_recipes_extra import PPO_KW, make
+
+CFG = ModelConfig(vocab_size=23, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+                  intermediate_size=48)
+
+
+def pair_batch(seed=0, b=3, length=9):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, CFG.vocab_size, (b, 2, length)).astype(np.int32)
+    mask = np.ones((b, 2, length), bool)
+    lm = np.zeros((b, 2, length - 1), bool)
+    for i in range(b):
+        for j in range(2):
+            lm[i, j, 3:3 + 2 + (i + j) % 4] = True  # prompt of 4 tokens, ragged completions
+    return {"tokens": tokens, "mask": mask, "loss_mask": lm}
+
+
+def test_tgdpo_weighted_sums_equal_the_per_token_formula_and_alpha_zero_is_dpo():
+    gd, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
+    _, ref = nnx.split(Transformer(CFG, rngs=nnx.Rngs(1)))
+    _, aux = nnx.split(Transformer(CFG, rngs=nnx.Rngs(2)))
+    arrays = pair_batch()
+    obj = preference_recipe("tgdpo", alpha=2.0)  # a large alpha: the weights matter
+    full = _add_token_weights(obj, arrays, gd, ref, aux, ())
+    model = nnx.merge(gd, params)
+    loss = obj.loss_sum(model, {k: jnp.asarray(v) for k, v in full.items()}, jax.random.key(0))[0] / obj.weight(full)
+
+    def tok_logp(p):
+        m = nnx.merge(gd, p)
+        t = arrays["tokens"].reshape(-1, 9)
+        h, _ = m(jnp.asarray(t), jnp.asarray(arrays["mask"].reshape(-1, 9)))
+        return token_logprobs(h[:, :-1], m.unembedding(), jnp.asarray(t[:, 1:]))[0].reshape(3, 2, 8)
+
+    lp, lr, la = tok_logp(params), tok_logp(ref), tok_logp(aux)
+    want = core.tgdpo_loss(lp[:, 0], lp[:, 1], lr[:, 0], lr[:, 1], la[:, 0], la[:, 1], arrays["loss_mask"][:, 0],
+                           arrays["loss_mask"][:, 1], alpha=2.0, beta=0.1)
+    np.testing.assert_allclose(float(loss), float(jnp.mean(want.losses)), rtol=1e-5)
+    # alpha = 0: every weight is 1 and the loss is DPO's
+    zero = _add_token_weights(preference_recipe("tgdpo", alpha=0.0), arrays, gd, ref, aux, ())
+    assert np.all(zero["token_weights"][arrays["loss_mask"]] == 1.0)
+    dpo = preference_recipe("dpo")
+    dpo_arrays = {**arrays, "ref_logps": zero["ref_logps"]}
+    l0 = preference_recipe("tgdpo", alpha=0.0).loss_sum(model, {k: jnp.asarray(v) for k, v in zero.items()},
+                                                         jax.random.key(0))[0]
+    ld = dpo.loss_sum(model, {k: jnp.asarray(v) for k, v in dpo_arrays.items()}, jax.random.key(0))[0]
+    np.testing.assert_allclose(float(l0), float(ld), rtol=1e-6)
+
+
+def test_rto_reads_the_auxiliary_policy_in_the_loop():
+    kw = dict(PPO_KW)
+    kw.update(advantage={"name": "rto", "scale": 0.5, "clip": 0.2}, aux=True)
+    tr = make("ppo", **kw)
+    m = [tr.step() for _ in range(2)][-1]
+    b = tr.last_batch
+    assert "aux_logp" in b and np.isfinite(m["critic/vf_loss"])
+    lm = b["loss_mask"]
+    assert np.any(b["aux_logp"][lm] != b["ref_logp"][lm])  # a different policy
+    with pytest.raises(ValueError, match="pass aux_params"):
+        make("ppo", **{**kw, "aux": False})
+
+
+def test_config_errors_name_aux_params(tmp_path):
+    from jaxrl_llm.training.configs import PreferenceRecipeSpec, PreferenceRunConfig
+    from jaxrl_llm.training.loading import load_aux_params
+    from jaxrl_llm.training.preference_runner import check_preference
+    from jaxrl_llm.training.runner import RecipeSpec, check_rl
+    from test_runner import tiny
+
+    with pytest.raises(ConfigError, match="model.aux_params=<a parameter directory"):
+        check_rl(dataclasses.replace(tiny("unused"), recipe=RecipeSpec(name="ppo", advantage=Choice("rto"))))
+    with pytest.raises(ConfigError, match="weighs tokens by an auxiliary model"):
+        check_preference(dataclasses.replace(PreferenceRunConfig(), recipe=PreferenceRecipeSpec(name="tgdpo")))
+    _, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match="no such parameter directory"):
+        load_aux_params(str(tmp_path / "nope"), params)
+    import orbax.checkpoint as ocp
+
+    other = nnx.split(Transformer(dataclasses.replace(CFG, hidden_size=16, head_dim=4), rngs=nnx.Rngs(0)))[1]
+    with ocp.StandardCheckpointer() as c:
+        c.save((tmp_path / "small").absolute(), other)
+    with pytest.raises(ConfigError, match="does not match the policy's parameters"):
+        load_aux_params(str(tmp_path / "small"), params)
+    with ocp.StandardCheckpointer() as c:
+        c.save((tmp_path / "same").absolute(), params)
+    back = load_aux_params(str(tmp_path / "same"), params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
+
+
+@pytest.mark.slow
+def test_rto_run_end_to_end_with_another_runs_parameters(tmp_path):
+    """A run with an SFT warm-up writes sft_params/; a PPO run with RTO reads them as its DPO model."""
+    from jaxrl_llm.training.runner import RecipeSpec, run_rl
+    from test_runner import tiny
+
+    first = tiny(tmp_path / "sft", steps=1, eval_every=0, export_hf=False, plot=False, log_samples_every=0)
+    run_rl(first)
+    cfg = dataclasses.replace(first, run=dataclasses.replace(first.run, out=str(tmp_path / "rto")),
+                              model=dataclasses.replace(first.model, aux_params=str(tmp_path / "sft" / "sft_params")),
+                              recipe=RecipeSpec(name="ppo", advantage=Choice("rto")))
+    s = run_rl(cfg)
+    assert s["steps"] == 1
