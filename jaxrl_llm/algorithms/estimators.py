@@ -25,6 +25,10 @@ and, only when it lists them in ``requires``:
 * ``sum_pi_squared [N, T]``: ``sum_v pi(v)^2`` of the sampling policy at each response position;
 * ``old_entropy [N, T]``: the token entropy of the sampling policy (at the sampling temperature)
   at each response position;
+* ``mc_cuts [N, T]``, ``mc_values [N, T]``: SPO's cut points (1 where the prefix before the
+  token is a cut point: before every ``interval``-th token of probability below ``threshold``)
+  and there the mean reward of ``rollouts`` continuations sampled from that prefix (the
+  estimator's arguments of those names set the provider);
 * ``aux_logp [N, T]``: log-probs of the sampled tokens under the auxiliary policy
   (``model.aux_params``, e.g. a DPO-trained model: RTO's token rewards);
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
@@ -80,6 +84,9 @@ BASE_INPUTS = frozenset({"scores", "mask", "valid", "group_ids"})
 PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", "greedy_scores": "sequence",
                                    "old_logp": "token", "ref_logp": "token", "sum_pi_squared": "token",
                                    "old_entropy": "token", "aux_logp": "token",
+                                   # Monte-Carlo values at cut points inside the responses (SPO, PAV):
+                                   # the cut points (1 before a cut token) and the value there
+                                   "mc_cuts": "token", "mc_values": "token",
                                    "component_scores": "components",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",
@@ -99,10 +106,13 @@ AGENT_KINDS = frozenset({"turn", "turn_mask", "turn_index", "token_index", "turn
 
 class Advantages(NamedTuple):
     """An estimator's output: ``advantages [N, T]`` float32 (zero outside the mask) and, for
-    estimators that have them, ``returns [N, T]`` (a critic's regression targets)."""
+    estimators that have them, ``returns [N, T]`` (a critic's regression targets); ``loss_mask
+    [N, T]`` bool restricts the loss to a subset of the response tokens (SPO's probability mask:
+    the others leave the loss and its normaliser), ``None`` keeps the response mask."""
 
     advantages: jax.Array
     returns: jax.Array | None = None
+    loss_mask: jax.Array | None = None
 
 
 class EstimatorInputs(Mapping):
@@ -351,3 +361,38 @@ def rto(x, *, scale: float = 0.05, clip: float = 0.05, gamma: float = 1.0, lam: 
     adv, ret = core.gae_advantages(x["token_rewards"] + dense, x["values"], x["mask"], gamma=gamma, lam=lam,
                                    whiten=whiten)
     return Advantages(adv, ret)
+
+
+_SEG_T = "tests/core/test_segments.py, tests/training/test_group_estimators.py"
+
+
+@register_estimator("spo_chain", paper="Segment Policy Optimization: Effective Segment-Level Credit Assignment in RL "
+                                       "for Large Language Models (SPO), arXiv:2505.23564",
+                    core=("spo_chain_advantages", "spo_cut_points"), requires=("old_logp", "mc_cuts", "mc_values"),
+                    methods=(55,), verified="hand values (the authors' code), paper identity (telescoping)",
+                    tests=_SEG_T,
+                    note="cut points before every interval-th low-probability token; the loop samples rollouts "
+                         "continuations from each cut prefix for its value; only low-probability tokens train")
+def spo_chain(x, *, threshold: float = 0.9, interval: int = 5, rollouts: int = 4, prob_mask: bool = True,
+              whiten: bool = True) -> Advantages:
+    """SPO-chain: segment advantages from Monte-Carlo values at cut points (``rollouts`` is read by
+    the ``mc_values`` provider)."""
+    adv, keep = core.spo_chain_advantages(x["scores"], x["mc_values"], x["mc_cuts"] > 0, x["mask"], x["old_logp"],
+                                          threshold=threshold, prob_mask=prob_mask, whiten=whiten)
+    return Advantages(adv, None, keep)
+
+
+@register_estimator("pav", paper="Rewarding Progress: Scaling Automated Process Verifiers for LLM Reasoning (PAV, "
+                                 "Setlur et al.), arXiv:2410.08146",
+                    core=("pav_advantages", "best_of_k_value", "spo_cut_points"),
+                    requires=("old_logp", "mc_cuts", "mc_values"), methods=(226,),
+                    verified="hand values (the SPO authors' PAV baseline), paper identity (alpha = 0: MC Q-value)",
+                    tests=_SEG_T,
+                    note="process advantage: each step's MC value plus alpha x its progress for a Best-of-K prover of "
+                         "the policy, on SPO-chain's cut points (the authors' code is not public)")
+def pav(x, *, alpha: float = 5.0, k: int = 4, threshold: float = 0.9, interval: int = 5, rollouts: int = 4,
+        prob_mask: bool = True, whiten: bool = True) -> Advantages:
+    """PAV: Q^pi + alpha x progress under a Best-of-K prover, per segment."""
+    adv, keep = core.pav_advantages(x["scores"], x["mc_values"], x["mc_cuts"] > 0, x["mask"], x["old_logp"],
+                                    alpha=alpha, k=k, threshold=threshold, prob_mask=prob_mask, whiten=whiten)
+    return Advantages(adv, None, keep)

@@ -204,6 +204,7 @@ class RLTrainer(HostLoop):
         self.sampler, self.rewards, self.recipe, self.tokenizer = sampler, rewards, recipe, tokenizer
         self.ref_params, self.critic, self.baseline_sampler = ref_params, critic, baseline_sampler
         self.aux_params = aux_params
+        self.aux_samplers: dict = {}  # samplers of providers (Monte-Carlo continuations), built on first use
         self.kl_state = recipe.kl_controller.init() if recipe.kl_controller is not None else None
         names = [s.name for s in getattr(rewards, "specs", ())]
         for sh in recipe.shaping:  # a bad shaping argument fails here, not after the first rollout
@@ -385,9 +386,13 @@ class RLTrainer(HostLoop):
             elif name in step.inputs:
                 inputs[name] = step.inputs[name]
         kl_coef = self.kl_state.coef if (rec.kl_reward is not None and rec.kl_reward.adaptive) else None
-        adv, ret, kl = self._estimate_fn()(rec.estimator, rec.kl_reward, step.num_groups,
-                                           {k: jnp.asarray(v) for k, v in inputs.items()}, kl_coef)
+        adv, ret, kl, keep = self._estimate_fn()(rec.estimator, rec.kl_reward, step.num_groups,
+                                                 {k: jnp.asarray(v) for k, v in inputs.items()}, kl_coef)
         a["advantages"] = to_target_aligned(np.asarray(adv, np.float32), step.prompt_len)
+        if keep is not None:  # the estimator restricts the loss to some response tokens (SPO's probability mask)
+            kept = to_target_aligned(np.asarray(keep, bool), step.prompt_len)
+            step.metrics["advantages/loss_token_frac"] = float(kept.sum() / max(a["loss_mask"].sum(), 1))
+            a["loss_mask"] = a["loss_mask"] & kept
         if rec.needs_critic:
             a["returns"] = to_target_aligned(np.asarray(ret, np.float32), step.prompt_len)
         if kl is not None:

@@ -227,6 +227,63 @@ def _aux_logp(tr, step: StepBatch) -> None:
     step.arrays["aux_logp"] = _target(step, tr.logp(tr.aux_params, tr.frozen, a["tokens"], a["mask"]))
 
 
+def _mc_values(tr, step: StepBatch) -> None:
+    """SPO's Monte-Carlo values: cut points in every response (before every ``interval``-th token the
+    sampling policy gave probability below ``threshold``; the estimator's arguments), ``rollouts``
+    continuations sampled from each cut prefix with the current policy, scored by the run's reward
+    functions on the whole completion (prefix + continuation, cut to the length budget), and the
+    mean reward written at the cut: ``mc_cuts`` / ``mc_values`` (target-aligned)."""
+    from jaxrl_llm.core.segments import spo_cut_points
+    from jaxrl_llm.rollout.sampler import Sampler
+    from jaxrl_llm.training.rl import to_target_aligned
+
+    if "mc_values" in step.arrays:
+        return
+    t0 = time.perf_counter()
+    kw = dict(tr.recipe.estimator.kwargs)
+    threshold, interval, n = float(kw.get("threshold", 0.9)), int(kw.get("interval", 5)), int(kw.get("rollouts", 4))
+    a, p = step.arrays, step.prompt_len
+    cm = step.completion_mask
+    width = cm.shape[1]
+    cuts = np.asarray(spo_cut_points(a["old_logp"][:, p - 1:], cm, threshold=threshold, interval=interval))
+    values = np.zeros(cuts.shape, np.float32)
+    rows, ts = np.nonzero(cuts)
+    if len(rows):
+        key = (n, p + width)
+        sampler = tr.aux_samplers.get(key)
+        if sampler is None:  # one continuation sampler per (rollouts, prefix width), batch sizes bucketed
+            cfg = dataclasses.replace(tr.sampler.config, num_samples=n)
+            sampler = tr.aux_samplers[key] = Sampler(tr.sampler.graphdef, cfg, length_buckets=(p + width,),
+                                                     batch_buckets=tuple(2 ** k for k in range(3, 17)),
+                                                     mesh=tr.sampler.mesh)
+        group = a["group_ids"]
+        comp = a["tokens"][:, p:]
+        prefixes = [list(step.prompt_ids[group[i]]) + comp[i, :t].tolist() for i, t in zip(rows, ts)]
+        roll = sampler(tr.state.params, prefixes, jax.random.fold_in(step.key, 0x5E6), *tr.frozen)
+        ctoks, cmask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+        ids, texts, prompts, cols = [], [], [], {k: [] for k in step.columns}
+        for j, (i, t) in enumerate(zip(rows, ts)):
+            for r in range(n):
+                cont = ctoks[j * n + r][cmask[j * n + r]][:width - t].tolist()
+                full = comp[i, :t].tolist() + cont
+                ids.append(full)
+                texts.append(tr.tokenizer.decode(full, skip_special_tokens=True))
+                prompts.append(step.prompts[group[i]])
+                for k in step.columns:
+                    cols[k].append(step.columns[k][group[i]])
+        out = tr.rewards(prompts, texts, completion_ids=ids, completion_lengths=[len(x) for x in ids],
+                         group_ids=np.repeat(np.arange(len(rows)), n).tolist(), **cols)
+        values[rows, ts] = np.asarray(out.total, np.float32).reshape(len(rows), n).mean(axis=1)
+    step.arrays["mc_cuts"] = to_target_aligned(cuts.astype(np.float32), p)
+    step.arrays["mc_values"] = to_target_aligned(values, p)
+    step.metrics.update({"mc/cut_points_per_response": float(cuts[step.valid].sum(1).mean()) if step.valid.any()
+                         else 0.0, "mc/rollouts": float(len(rows) * n), "time/mc_values": time.perf_counter() - t0})
+
+
+PROVIDERS["mc_values"] = _mc_values
+PROVIDERS["mc_cuts"] = _mc_values  # one provider computes both (the second call returns at once)
+
+
 @provider("answer_ids")
 def _answer_ids(tr, step: StepBatch) -> None:
     """``[N]`` the answer cluster of each row: the completions decoded and keyed by the recipe's

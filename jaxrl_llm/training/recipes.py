@@ -495,9 +495,10 @@ def recipe(name: str, *, num_samples: int | None = None, temperature: float = 1.
 
 
 def estimate_advantages(estimator: Bound, kl_reward: KLReward | None, num_groups: int, inputs: dict,
-                        kl_coef: Any = None) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
-    """``(advantages [N, T], returns [N, T] or None, KL in the reward [N, T] or None)`` of one
-    batch (jit-able; ``estimator``, ``kl_reward`` and ``num_groups`` static).
+                        kl_coef: Any = None) -> tuple[jax.Array, jax.Array | None, jax.Array | None, jax.Array | None]:
+    """``(advantages [N, T], returns [N, T] or None, KL in the reward [N, T] or None, the
+    estimator's loss mask [N, T] or None)`` of one batch (jit-able; ``estimator``, ``kl_reward``
+    and ``num_groups`` static).
 
     ``inputs`` hold the base inputs (``scores``, ``mask``, ``valid``, ``group_ids``) and what
     the estimator requires (completion-aligned). ``token_rewards`` are made here: each row's
@@ -514,4 +515,4 @@ def estimate_advantages(estimator: Bound, kl_reward: KLReward | None, num_groups
             tr, kl = core.kl_in_reward(tr, inputs["old_logp"], inputs["ref_logp"], m, coef, kl_reward.estimator)
         inputs["token_rewards"] = tr
     out = estimator(EstimatorInputs(inputs, num_groups, allowed=req, owner=f"estimator {estimator.name!r}"))
-    return out.advantages, out.returns, kl
+    return out.advantages, out.returns, kl, out.loss_mask

@@ -227,6 +227,18 @@ R.update({
     "tgdpo_loss": (lambda lc, lr, m: C.tgdpo_loss(lc, lr, lc * 0.9, lr * 1.1, lc * 1.2, lr * 0.8, m, m),
                    lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2),
 })
+CUTS = _rng(11).integers(0, 2, (B, T)).astype(bool)
+R.update({
+    "spo_cut_points": (lambda lp, m: C.spo_cut_points(lp, m, interval=2), lambda s: [_lp(s), _mask(s)], 1),
+    "spo_chain_advantages": (lambda sc, v, lp, m: C.spo_chain_advantages(sc, v, CUTS, m, lp),
+                             lambda s: [_scores(s), _rng(s).uniform(0, 1, (B, T)).astype(np.float32), _lp(s + 1),
+                                        _mask(s)], 3),
+    "pav_advantages": (lambda sc, v, lp, m: C.pav_advantages(sc, v, CUTS, m, lp),
+                       lambda s: [_scores(s), _rng(s).uniform(0, 1, (B, T)).astype(np.float32), _lp(s + 1),
+                                  _mask(s)], 3),
+    "best_of_k_value": (lambda v: C.best_of_k_value(v, 4), lambda s: [_rng(s).uniform(0, 1, (B,)).astype(np.float32)],
+                        None),
+})
 # reward designs (sequence-level)
 R.update({
     "thinkless_reward": (lambda c, s: C.thinkless_reward(c > 0, s > 0), lambda s: [_scores(s), _scores(s + 1)], None),

@@ -103,3 +103,28 @@ def test_egae_bootstraps_the_rows_cut_by_the_budget():
     assert set(np.unique(b["truncated"])) <= {0.0, 1.0} and 0 <= m["response/truncated_frac"] <= 1
     assert np.isfinite(m["critic/vf_loss"])
     np.testing.assert_array_equal(b["truncated"], (~b["stopped"]).astype(np.float32))
+
+
+def first_is_target(prompts, completions, completion_ids, **_):
+    """A reward fixed by the first completion token: every continuation of a prefix that holds it
+    scores the same, so the Monte-Carlo value at any later cut is the row's own reward."""
+    from test_rl_recipes_extra import TARGET
+
+    return [float(len(ids) > 0 and ids[0] == TARGET) for ids in completion_ids]
+
+
+@pytest.mark.parametrize("name", ["spo_chain", "pav"])
+def test_monte_carlo_values_at_cut_points(name):
+    tr = make("grpo", g=4, advantage={"name": name, "interval": 1, "rollouts": 3}, reward=[first_is_target])
+    m = [tr.step() for _ in range(2)][-1]
+    b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    cuts, vals = b["mc_cuts"][:, p - 1:] > 0, b["mc_values"][:, p - 1:]
+    assert cuts.any() and m["mc/rollouts"] == cuts.sum() * 3
+    later = cuts.copy()
+    later[:, 0] = False  # a cut after the first token: every continuation has the row's first token
+    rows = np.nonzero(later)[0]
+    np.testing.assert_allclose(vals[later], b["scores"][rows], atol=1e-6)
+    assert np.all(vals[~cuts] == 0)
+    # the estimator's loss mask: only low-probability tokens train (here all are: a near-uniform policy)
+    assert 0 < m["advantages/loss_token_frac"] <= 1
