@@ -29,6 +29,8 @@ and, only when it lists them in ``requires``:
   token is a cut point: before every ``interval``-th token of probability below ``threshold``)
   and there the mean reward of ``rollouts`` continuations sampled from that prefix (the
   estimator's arguments of those names set the provider);
+* ``prompt_confidence [N]``: the mean log-prob of the least likely ``fraction`` (the estimator's
+  argument, default 0.2) of each row's prompt tokens under the sampling policy (ProGRPO);
 * ``aux_logp [N, T]``: log-probs of the sampled tokens under the auxiliary policy
   (``model.aux_params``, e.g. a DPO-trained model: RTO's token rewards);
 * ``component_scores [N, K]``: the score of each reward function separately (unweighted; a
@@ -87,6 +89,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    # Monte-Carlo values at cut points inside the responses (SPO, PAV):
                                    # the cut points (1 before a cut token) and the value there
                                    "mc_cuts": "token", "mc_values": "token",
+                                   # the prompt's low-probability confidence under the sampling policy, [N]
+                                   "prompt_confidence": "sequence",
                                    "component_scores": "components",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",

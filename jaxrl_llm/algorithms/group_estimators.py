@@ -167,3 +167,18 @@ def copo(x, *, k: float = 5.0, b: float = 1.0, gate: str = "soft_with_zero", eps
     """COPO: consistency-aware blend of group and batch advantages."""
     return Advantages(core.copo_advantages(x["scores"], x["answer_ids"], x["mask"], x["group_ids"], x.num_groups, k=k,
                                            b=b, gate=gate, epsilon=epsilon, valid=x.get("valid")))
+
+
+@register_estimator("arm", paper="Back to Basics: Revisiting Exploration in Reinforcement Learning for LLM Reasoning "
+                                 "via Generative Probabilities (ProGRPO / ARM), arXiv:2602.05281",
+                    core=("arm_advantages", "low_probability_confidence"), requires=("old_logp", "prompt_confidence"),
+                    group_relative=True, methods=(25,), tests=_T, verified="hand values, paper identity (alpha = 0: GRPO)",
+                    note="GRPO + alpha (c(prompt) - c(answer)) in groups with a correct answer, c the mean log-prob "
+                         "of the least likely fraction of tokens; alpha has no default (not found)")
+def arm(x, *, alpha: float, fraction: float = 0.2, correct_only: bool = False, epsilon: float = 1e-6
+        ) -> Advantages:
+    """ProGRPO's advantage re-weighting by prompt and answer confidence."""
+    conf = core.low_probability_confidence(x["old_logp"], x["mask"], fraction=fraction)
+    return Advantages(core.arm_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, conf,
+                                          x["prompt_confidence"], alpha=alpha, correct_only=correct_only,
+                                          epsilon=epsilon, valid=x.get("valid")))

@@ -35,6 +35,8 @@ __all__ = [
     "drop_small_advantages",
     "hicra_advantages",
     "copo_advantages",
+    "low_probability_confidence",
+    "arm_advantages",
 ]
 
 
@@ -672,3 +674,63 @@ def copo_advantages(scores: jnp.ndarray, answer_ids: jnp.ndarray, mask: jnp.ndar
         w = w * (s != 0)
     adv = (1.0 - w) * glob + w * local
     return _broadcast(adv, m, v)
+
+
+# ----------------------------------------------------------------------------------------- ProGRPO / ARM
+
+
+def low_probability_confidence(logp: jnp.ndarray, mask: jnp.ndarray, *, fraction: float = 0.2) -> jnp.ndarray:
+    """``[B]`` the mean log-prob of each row's ``ceil(fraction L)`` least likely tokens (``L`` its
+    masked tokens): a length-normalised confidence that long runs of near-certain tokens do not
+    inflate (ProGRPO's "low-probability token length normalisation"); 0 for an empty row.
+
+    Paper: "Back to Basics: Revisiting Exploration in Reinforcement Learning for LLM Reasoning via
+    Generative Probabilities" (ProGRPO / ARM), arXiv:2602.05281 (about 20% of the positions; the
+    rounding up is our reading).
+    """
+    _checks.check_token_args(logp=logp, mask=mask)
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"argument 'fraction' must be in (0, 1], got {fraction!r}")
+    m = _checks.as_mask(mask) > 0
+    x = jnp.where(m, _checks.as_float(logp), jnp.inf)
+    srt = jnp.sort(x, axis=1)
+    n = jnp.sum(m, axis=1)
+    k = jnp.ceil(fraction * n).astype(jnp.int32)
+    take = jnp.arange(x.shape[1])[None] < k[:, None]
+    return jax.lax.stop_gradient(safe_divide(jnp.sum(jnp.where(take, srt, 0.0), axis=1), k.astype(jnp.float32)))
+
+
+def arm_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int,
+                   answer_confidence: jnp.ndarray, prompt_confidence: jnp.ndarray, *, alpha: float,
+                   correct_only: bool = False, epsilon: float = 1e-6,
+                   valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """ProGRPO's Advantage Re-weighting Mechanism: GRPO shifted by the prompt's confidence minus
+    the answer's.
+
+    In a group with at least one positive reward, ``A_i = GRPO(r)_i + alpha (c(q) - c(o_i | q))`` with
+    ``c`` the low-probability confidence (:func:`low_probability_confidence`) of the prompt and of
+    the answer under the sampling policy: over-confident answers lose credit, unlikely (diverse)
+    ones gain, which keeps exploration alive. Groups without a positive reward keep GRPO's
+    advantage. ``correct_only`` applies the shift to correct rows only (the abstract's
+    "equilibrate confidence across correct responses"; the quoted formula shifts every row).
+
+    Paper: "Back to Basics: Revisiting Exploration in Reinforcement Learning for LLM Reasoning via
+    Generative Probabilities" (ProGRPO / ARM), arXiv:2602.05281. No code was found: the formula
+    is the paper's as a review quotes it; ``alpha`` has no default (its value was not found).
+    ``alpha = 0`` is GRPO.
+
+    Args:
+      scores: ``[B]``. mask, group_ids, num_groups, valid: as usual. answer_confidence: ``[B]``
+        ``c(o_i | q)``. prompt_confidence: ``[B]`` ``c(q)`` of each row's prompt. alpha: weight.
+      correct_only: shift correct (``r > 0``) rows only. epsilon: GRPO's 1e-6.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    _checks.check_seq_args(s.shape[0], answer_confidence=answer_confidence, prompt_confidence=prompt_confidence)
+    base, _ = _grpo_row(s, m, group_ids, num_groups, v, epsilon=epsilon)
+    pos = group_sum(((s > 0) & (v > 0)).astype(jnp.float32), group_ids, num_groups)[group_ids] > 0
+    shift = alpha * (_checks.as_float(prompt_confidence) - _checks.as_float(answer_confidence))
+    apply = pos & ((s > 0) if correct_only else True)
+    return _broadcast(jnp.where(apply, base + shift, base), m, v)

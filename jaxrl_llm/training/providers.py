@@ -284,6 +284,20 @@ PROVIDERS["mc_values"] = _mc_values
 PROVIDERS["mc_cuts"] = _mc_values  # one provider computes both (the second call returns at once)
 
 
+@provider("prompt_confidence")
+def _prompt_confidence(tr, step: StepBatch) -> None:
+    """``[N]`` the low-probability confidence of each row's prompt under the sampling policy (the
+    policy before the update): the mean log-prob of its least likely ``fraction`` of tokens (the
+    estimator's argument) over the prompt tokens that have a predecessor."""
+    from jaxrl_llm.core.group_advantages import low_probability_confidence
+
+    a, p = step.arrays, step.prompt_len
+    lp = np.asarray(tr.logp(tr.state.params, tr.frozen, a["tokens"], a["mask"]))[:, :p - 1]
+    pm = a["mask"][:, :p - 1] & a["mask"][:, 1:p]  # both the predicting and the predicted token are real
+    frac = float(dict(tr.recipe.estimator.kwargs).get("fraction", 0.2))
+    step.inputs["prompt_confidence"] = np.asarray(low_probability_confidence(lp, pm, fraction=frac), np.float32)
+
+
 @provider("answer_ids")
 def _answer_ids(tr, step: StepBatch) -> None:
     """``[N]`` the answer cluster of each row: the completions decoded and keyed by the recipe's

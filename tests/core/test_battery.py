@@ -219,6 +219,9 @@ R.update({
                         lambda s: [_n(s, (B, T)), _n(s + 1, (B, T)), _mask(s)], 2),
     "eapo_turn_advantages": (lambda e, m: C.eapo_turn_advantages(e, m, GID, NG, gamma=0.9),
                              lambda s: [_n(s, (B,)), _mask(s)], 1),
+    "low_probability_confidence": (lambda lp, m: C.low_probability_confidence(lp, m), lambda s: [_lp(s), _mask(s)], 1),
+    "arm_advantages": (lambda s_, c, q, m: C.arm_advantages(s_, m, GID, NG, c, q, alpha=0.1),
+                       lambda s: [_scores(s), _n(s, (B,)), _n(s + 1, (B,)), _mask(s)], 3),
 })
 R.update({
     "rto_token_rewards": (lambda a, r, m: C.rto_token_rewards(a, r, m), lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2),

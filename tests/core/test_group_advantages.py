@@ -318,3 +318,21 @@ def test_copo_hand_values():
     # one prompt in the batch: no global signal
     one = rows(C.copo_advantages(s[:4], ans[:4], np.ones((4, 1)), np.zeros(4, np.int32), 1))
     close(one, [w * 0.8660, 0, 0, w * 0.8660], 1e-4)
+
+
+def test_arm_hand_values_and_identities():
+    # T_low of [-.1, -.2, -3, -.05, -1]: ceil(0.2 * 5) = 1 token, the least likely: -3
+    close(C.low_probability_confidence(np.array([[-0.1, -0.2, -3.0, -0.05, -1.0]]), np.ones((1, 5))), [-3.0])
+    close(C.low_probability_confidence(np.array([[-0.1, -0.2, -3.0, -0.05, -1.0]]), np.ones((1, 5)), fraction=0.5),
+          [-(3.0 + 1.0 + 0.2) / 3])
+    g, m = np.zeros(4, np.int32), np.ones((4, 2), np.float32)
+    s = np.array([1, 0, 0, 1], np.float32)
+    conf = np.array([-0.5, -1.2, -2.0, -0.9], np.float32)
+    a = rows(C.arm_advantages(s, m, g, 1, conf, np.full(4, -1.0), alpha=0.1))
+    close(a, [0.8160, -0.8460, -0.7660, 0.8560], 1e-4)           # GRPO +-0.866 + 0.1 (c(q) - c(o))
+    close(C.arm_advantages(s, m, g, 1, conf, np.full(4, -1.0), alpha=0.0), C.grpo_advantages(s, m, g, 1))
+    # no positive reward in the group: unchanged; correct_only shifts the correct rows only
+    z = np.zeros(4, np.float32)
+    close(C.arm_advantages(z, m, g, 1, conf, np.full(4, -1.0), alpha=0.1), np.zeros((4, 2)))
+    co = rows(C.arm_advantages(s, m, g, 1, conf, np.full(4, -1.0), alpha=0.1, correct_only=True))
+    close(co, [0.8160, -0.8660, -0.8660, 0.8560], 1e-4)

@@ -10,7 +10,8 @@ from jaxrl_llm.algorithms import CLUSTERERS, ESTIMATORS, EstimatorInputs, Regist
 from jaxrl_llm.training import recipe
 from test_rl_recipes_extra import make, target_frac
 
-NEW = ["agrae", "canon", "canon_entropy", "stratified", "seed_grpo", "hapo", "riskpo", "adora", "loop", "hicra", "copo"]
+NEW = ["agrae", "canon", "canon_entropy", "stratified", "seed_grpo", "hapo", "riskpo", "adora", "loop", "hicra", "copo",
+       "arm"]
 
 
 def test_answer_keys_and_cluster_ids():
@@ -69,7 +70,7 @@ def test_config_errors_name_the_key():
     assert "old_entropy" in recipe("grpo", num_samples=4, advantage="canon_entropy").requires
 
 
-ARGS = {"stratified": {"alpha": 0.5}, "riskpo": {"bundle_size": 2}}
+ARGS = {"stratified": {"alpha": 0.5}, "riskpo": {"bundle_size": 2}, "arm": {"alpha": 0.1}}
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -128,3 +129,23 @@ def test_monte_carlo_values_at_cut_points(name):
     assert np.all(vals[~cuts] == 0)
     # the estimator's loss mask: only low-probability tokens train (here all are: a near-uniform policy)
     assert 0 < m["advantages/loss_token_frac"] <= 1
+
+
+def test_prompt_confidence_is_the_prompts_least_likely_tokens():
+    """ProGRPO's prompt input: the mean log-prob of the least likely fifth of each prompt's tokens
+    under the policy before the update, from a teacher-forced pass over the prompt."""
+    import jax.numpy as jnp
+
+    import jax
+
+    tr = make("grpo", g=4, advantage={"name": "arm", "alpha": 0.1})
+    before = jax.tree.map(np.array, tr.state.params)  # the step updates (and donates) the state
+    tr.step()
+    b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    lp = np.asarray(tr.logp(jax.tree.map(jnp.asarray, before), tr.frozen, b["tokens"], b["mask"]))[:, :p - 1]
+    pm = b["mask"][:, :p - 1] & b["mask"][:, 1:p]
+    want = [np.sort(lp[i][pm[i]])[:int(np.ceil(0.2 * pm[i].sum()))].mean() for i in range(len(lp))]
+    np.testing.assert_allclose(b["prompt_confidence"], want, rtol=1e-5, atol=1e-6)
+    for g in np.unique(b["group_ids"]):  # one prompt, one confidence
+        assert len(set(np.round(b["prompt_confidence"][b["group_ids"] == g], 5))) == 1
