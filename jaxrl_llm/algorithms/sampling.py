@@ -22,7 +22,7 @@ import numpy as np
 import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
-__all__ = ["ShapingInputs", "GroupFilter", "SHAPING", "GROUP_FILTERS", "BATCH_FILTERS", "overlong_lengths"]
+__all__ = ["ShapingInputs", "GroupFilter", "SHAPING", "GROUP_FILTERS", "BATCH_FILTERS", "TRUNCATIONS", "overlong_lengths"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,3 +188,34 @@ BATCH_FILTERS.register(Part("pf_ppo", pf_ppo, core=("pf_ppo_weights",),
                             note="resamples the valid rows (with replacement) by the sequence score after the "
                                  "advantages, as verl; method pow | max_min | max_random"))
 
+
+
+
+# ------------------------------------------------------------------------------------ truncations
+
+TRUNCATIONS = new_registry("rollout truncation", "recipe.truncation",
+                           "fn(x: ShapingInputs, **params) -> lengths [N] (<= the sampled lengths)")
+
+
+def _no_truncation(x: ShapingInputs):
+    return None
+
+
+def dot(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, alpha: float = 3.0,
+        min_cut: float = 32, success: float = 1.0) -> np.ndarray:
+    """DOT's outlier truncation (:func:`jaxrl_llm.core.dot_truncation_lengths`); a row is correct
+    when ``metric`` (a reward function's score, default the total) is at least ``threshold``."""
+    vals = x.scores if metric is None else np.nan_to_num(_per_fn(x, metric), nan=0.0)
+    return np.asarray(core.dot_truncation_lengths(jnp.asarray(x.lengths), jnp.asarray(np.asarray(vals) >= threshold),
+                                                  jnp.asarray(x.group_ids), x.num_groups, alpha=alpha,
+                                                  min_cut=min_cut, success=success))
+
+
+TRUNCATIONS.register(Part("none", _no_truncation, note="responses are trained on as sampled"))
+TRUNCATIONS.register(Part(
+    "dot", dot, paper="Anti-Length Shift: Dynamic Outlier Truncation for Training Efficient Reasoning Models (DOT), "
+                      "arXiv:2601.03969",
+    core=("dot_truncation_lengths",), methods=(189,), verified="hand values, paper identity (G < 11: no cut)",
+    tests="tests/core/test_reward_shaping.py, tests/training/test_paper_losses.py",
+    note="in all-correct groups, responses beyond mean + 3 std of the group's lengths are cut there and scored "
+         "again (before group filters); the dot preset adds the paper's KL-Cov loss"))

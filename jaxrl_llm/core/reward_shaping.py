@@ -29,6 +29,7 @@ __all__ = [
     "posterior_reward",
     "empo_reward",
     "self_play_win_rate",
+    "dot_truncation_lengths",
 ]
 
 sg = jax.lax.stop_gradient
@@ -319,3 +320,44 @@ def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_grou
     n = jnp.sum(pair, axis=1).astype(jnp.float32)
     r = jnp.where(n > 0, jnp.sum(pm, axis=1) / jnp.maximum(n, 1.0), 0.5)
     return sg(jnp.where(v, r, 0.0))
+
+
+def dot_truncation_lengths(lengths: jnp.ndarray, correct: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                           alpha: float = 3.0, min_cut: float = 32, success: float = 1.0,
+                           valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """DOT's dynamic outlier truncation: the length each response is cut to.
+
+    In a group whose success rate is at least ``success`` (all correct, by default), the outlier
+    threshold is ``T_q = floor(mean_g L + alpha std_g L)`` (unbiased std; 0 for one row); a response
+    longer than ``T_q`` by at least ``min_cut`` tokens is cut to ``T_q`` (``0 < min_cut < 1``: by at
+    least ``max(floor(L min_cut), 16)`` tokens); everything else keeps its length. The cut responses
+    are then scored again: an answer that falls after the cut is lost, so over-long correct
+    reasoning stops paying off without a length penalty on the rest. With ``alpha = 3`` and the
+    unbiased std nothing can be cut in a group of fewer than 11 (the largest possible z-score of
+    ``n`` samples is ``(n - 1) / sqrt(n)``); the paper samples 32 per prompt.
+
+    Paper: "Anti-Length Shift: Dynamic Outlier Truncation for Training Efficient Reasoning Models"
+    (DOT), arXiv:2601.03969; the authors' code (``U-rara/DOT`` @9e6574b, ``apply_length_truncation``,
+    ``run_dot.sh``): ``alpha = 3``, ``min_cut = 32``, ``success = 1``.
+
+    Args:
+      lengths: ``[B]`` response lengths. correct: ``[B]`` bool. group_ids, num_groups, valid: as usual.
+      alpha, min_cut, success: as above.
+
+    Returns:
+      ``[B]`` int32 lengths (equal to ``lengths`` where nothing is cut).
+    """
+    b = _seq("lengths", lengths)
+    _seq("correct", correct, b)
+    _checks.check_groups(group_ids, num_groups, b)
+    v = _valid(valid, b)
+    L = _checks.as_float(lengths)
+    from jaxrl_llm.core.stats import group_stats
+
+    st = group_stats(jnp.where(v > 0, L, 0.0), group_ids, num_groups, v)
+    rate = safe_divide(group_sum((jnp.asarray(correct, bool) & (v > 0)).astype(jnp.float32), group_ids, num_groups),
+                       group_sum(v, group_ids, num_groups))[group_ids]
+    thr = jnp.floor(st.mean + alpha * jnp.where(st.count > 1, st.std, 0.0))
+    need = min_cut if min_cut >= 1 else jnp.maximum(jnp.floor(L * min_cut), 16.0)
+    cut = (v > 0) & (rate >= success) & (L > thr) & (L - thr >= need)
+    return jax.lax.stop_gradient(jnp.where(cut, thr, L)).astype(jnp.int32)

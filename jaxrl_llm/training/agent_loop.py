@@ -223,9 +223,10 @@ class AgentTrainer(RLTrainer):
         if "greedy_scores" in recipe.requires:
             raise ValueError(f"recipe {recipe.name!r} needs a greedy baseline rollout (greedy_scores), which the agent "
                              f"loop does not run; choose another estimator")
-        if recipe.shaping or recipe.group_filter.max_rounds > 1:
-            raise ValueError(f"recipe {recipe.name!r}: reward shaping and group filters act on single-turn completions; "
-                             f"the agent loop does not run them (set recipe.shaping=[] and no group filter)")
+        if recipe.shaping or recipe.group_filter.max_rounds > 1 or recipe.truncation is not None:
+            raise ValueError(f"recipe {recipe.name!r}: reward shaping, group filters and truncation act on single-turn "
+                             f"completions; "
+                             f"the agent loop does not run them (set recipe.shaping=[], no group filter and no truncation)")
         if recipe.needs_progress_model and progress is None:
             raise ValueError(f"recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) reads a progress "
                              f"estimator's contributions: pass progress=Critic.create(cfg, optimizer, "

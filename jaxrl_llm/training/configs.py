@@ -148,6 +148,8 @@ class RecipeSpec:
         require ``progress``; agent runs).
       clusterer: how completions are grouped into answers for methods that read answer
         clusters (``answer``: equal extracted final answers; ``text``: equal completions).
+      truncation: a cut of sampled responses before they are trained on, the cut responses
+        scored again (``dot``: DOT's outlier truncation in all-correct groups).
     """
 
     name: str = "grpo"
@@ -170,6 +172,7 @@ class RecipeSpec:
     critic_warmup: int | None = None
     progress_lr: float = 1e-5
     clusterer: Choice = dataclasses.field(default_factory=Choice)
+    truncation: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

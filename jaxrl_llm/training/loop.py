@@ -112,12 +112,14 @@ def _merge_reward_metrics(outs: list) -> dict[str, float]:
 
 @dataclasses.dataclass
 class _Round:
-    """One sampling round: the data batch, its rollout, its rewards and shaped scores."""
+    """One sampling round: the data batch, its rollout, its rewards and shaped scores (and how
+    many responses the recipe's truncation cut)."""
 
     batch: Any
     roll: Any
     out: Any
     scores: np.ndarray
+    truncated: int = 0
 
 
 class RLTrainer(HostLoop):
@@ -274,6 +276,24 @@ class RLTrainer(HostLoop):
             scores = (scores + np.asarray(sh(x))).astype(np.float32)
         return scores
 
+    def truncate(self, batch, roll, out, g: int):
+        """The recipe's truncation (DOT): cut responses to the lengths it returns and score the
+        round again; ``(rollout, rewards, responses cut)``."""
+        tr = self.recipe.truncation
+        if tr is None:
+            return roll, out, 0
+        lengths = np.asarray(roll.lengths)
+        x = ShapingInputs(np.asarray(out.total, np.float32), lengths, np.asarray(roll.prompt_index), len(batch),
+                          self.sampler.config.max_new_tokens, out.per_fn)
+        new = np.minimum(np.asarray(tr(x)), lengths)
+        cut = new < lengths
+        if not cut.any():
+            return roll, out, 0
+        mask = np.asarray(roll.mask).astype(bool) & (np.arange(np.shape(roll.mask)[1])[None] < new[:, None])
+        roll = roll._replace(mask=mask, lengths=new.astype(np.asarray(roll.lengths).dtype),
+                             stopped=np.asarray(roll.stopped) & ~cut)
+        return roll, self.score(batch.prompts, batch.columns, roll, g), int(cut.sum())
+
     # ------------------------------------------------------------------ phases
 
     def collect(self, k_roll: jax.Array, t: dict) -> tuple[list[_Round], list[tuple[int, int]], list, int]:
@@ -294,7 +314,8 @@ class RLTrainer(HostLoop):
             t["time/rollout"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             out = self.score(batch.prompts, batch.columns, roll, g)
-            rounds.append(_Round(batch, roll, out, self.shape(out, roll, len(batch))))
+            roll, out, cut = self.truncate(batch, roll, out, g)
+            rounds.append(_Round(batch, roll, out, self.shape(out, roll, len(batch)), cut))
             keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -501,6 +522,8 @@ class RLTrainer(HostLoop):
         metrics.update(_merge_reward_metrics([x.out for x in rounds]))
         if self.recipe.shaping:
             metrics["rewards/shaped/mean"] = float(np.concatenate([x.scores for x in rounds]).mean())
+        if self.recipe.truncation is not None:
+            metrics["truncation/responses"] = float(sum(x.truncated for x in rounds))
         if self.recipe.group_filter.max_rounds > 1:
             n_groups = len(step.prompt_ids)
             chosen = min(len(kept), target)

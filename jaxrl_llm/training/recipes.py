@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrl_llm.core as core
-from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS, KL_CONTROLLERS,
-                                  KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES, Bound, EstimatorInputs,
-                                  GroupFilter, RegistryError)
+from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS,
+                                  KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
+                                  TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
 from jaxrl_llm.config import Choice
 from jaxrl_llm.training.configs import KLSpec, RecipeSpec
@@ -81,6 +81,8 @@ class RLRecipe:
       spec: the resolved :class:`RecipeSpec` this was built from (logged with the run).
       clusterer: the answer clusterer behind the ``answer_ids`` input
         (:data:`jaxrl_llm.algorithms.CLUSTERERS`).
+      truncation: a cut of the sampled responses before scoring for training
+        (:data:`jaxrl_llm.algorithms.TRUNCATIONS`), or ``None``.
     """
 
     name: str
@@ -102,6 +104,7 @@ class RLRecipe:
     paper: str = ""
     spec: RecipeSpec | None = None
     clusterer: Bound | None = None
+    truncation: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -165,7 +168,8 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                           bias_correction="none"),
                 entropy_coef=0.0, is_weights=Choice("none"), rejection=Choice("none"), shaping=Choice("none"),
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
-                num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"))
+                num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
+                truncation=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -272,6 +276,12 @@ PRESETS: dict[str, Preset] = {
                    "Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
                    "GRPO advantages (the LLM port), several SGD passes per batch (recipe.epochs), step size "
                    "recipe.loss.t"),
+    # DOT: outlier truncation in all-correct groups, KL-Cov (k 0.002, coefficient 1), no clipping,
+    # seq-mean-token-mean, dynamic sampling (the authors' predictive oversampling is a loop feature)
+    "dot": Preset(_spec("dot", "grpo", Choice("kl_cov", {"kl_cov_ratio": 0.002, "ppo_kl_coef": 1.0}),
+                        "seq-mean-token-mean", truncation=Choice("dot"), group_filter=Choice("dynamic_sampling")), 32,
+                  "Anti-Length Shift: Dynamic Outlier Truncation for Training Efficient Reasoning Models (DOT), "
+                  "arXiv:2601.03969", "32 samples per prompt: the 3-sigma cut needs 11 or more"),
     "p3o": Preset(_spec("p3o", "grpo", Choice("p3o"), "token-mean"), 2,
                   "Pairwise Proximal Policy Optimization (Wu et al.), arXiv:2310.00212",
                   "two responses per prompt; the KL control of the paper: recipe.kl.coef"),
@@ -421,13 +431,15 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
         _need(not s.critic_warmup, f"recipe.critic_warmup={s.critic_warmup} needs an estimator with a critic "
                                    f"(recipe.advantage=gae), not {est.name}")
     clusterer = _bound(CLUSTERERS, s.clusterer, "recipe.clusterer")
+    truncation = _optional(TRUNCATIONS, s.truncation, "recipe.truncation")
     _trial(est, loss, kl_reward, num_samples)
     try:
         return RLRecipe(s.name, est, objective, num_samples=num_samples, epochs=s.epochs,
                         num_minibatches=s.num_minibatches, recompute_old_logp=s.old_logp == "recompute",
                         kl_reward=kl_reward, kl_controller=controller, value_objective=value_objective,
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
-                        is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer)
+                        is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
+                        truncation=truncation)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 

@@ -255,6 +255,8 @@ R.update({
     "posterior_reward": (C.posterior_reward, lambda s: [_scores(s), _scores(s + 1), _rng(s).uniform(0, 1, B).astype(
         np.float32)], None),
     "empo_reward": (lambda v: C.empo_reward(ANS, GID, NG, valid=v), lambda s: [np.ones(B, bool)], 0),
+    "dot_truncation_lengths": (lambda l, c, v: C.dot_truncation_lengths(l, c > 0, GID, NG, alpha=0.5, min_cut=1, valid=v),
+                               lambda s: [lengths(s)[0], _scores(s), np.ones(B, bool)], 2),
     "self_play_win_rate": (lambda p, v: C.self_play_win_rate(p, GID, NG, valid=v),
                            lambda s: [_rng(s).uniform(0, 1, (B, B)).astype(np.float32), np.ones(B, bool)], 1),
 })

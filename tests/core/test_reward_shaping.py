@@ -99,3 +99,22 @@ def test_self_play_win_rate():
     close(C.self_play_win_rate(np.ones((1, 1)), np.zeros(1, np.int32), 1), [0.5])  # no opponent
     with pytest.raises(ValueError, match="square"):
         C.self_play_win_rate(np.ones((2, 3)), np.zeros(2, np.int32), 1)
+
+
+def test_dot_truncation_lengths():
+    L = np.array([100] * 11 + [1000], np.float32)
+    # mean 175, unbiased std 259.8: threshold floor(954.4) = 954; 1000 - 954 >= 32: cut
+    out = np.asarray(C.dot_truncation_lengths(L, np.ones(12, bool), np.zeros(12, np.int32), 1))
+    assert out.tolist() == [100] * 11 + [954]
+    # the largest z-score of n samples is (n - 1) / sqrt(n): with alpha = 3 nothing is cut below 11 samples
+    for n in (4, 8, 10):
+        x = np.array([1] * (n - 1) + [10 ** 6], np.float32)
+        assert np.asarray(C.dot_truncation_lengths(x, np.ones(n, bool), np.zeros(n, np.int32), 1)).tolist() == \
+            x.astype(int).tolist()
+    # not all correct: untouched; a cut smaller than min_cut: untouched; a fractional min_cut
+    c = np.ones(12, bool)
+    c[0] = False
+    assert np.asarray(C.dot_truncation_lengths(L, c, np.zeros(12, np.int32), 1)).tolist() == L.astype(int).tolist()
+    assert np.asarray(C.dot_truncation_lengths(L, np.ones(12, bool), np.zeros(12, np.int32), 1, min_cut=50))[-1] == 1000
+    assert np.asarray(C.dot_truncation_lengths(L, np.ones(12, bool), np.zeros(12, np.int32), 1, min_cut=0.04))[-1] \
+        == 954  # need max(floor(1000 x .04), 16) = 40 <= 46

@@ -105,3 +105,30 @@ def test_hdpo_reads_the_reward_functions():
     m = [tr.step() for _ in range(2)][-1]
     assert np.isfinite(m["policy/hdpo_acc_loss"]) and m["policy/hdpo_tool_rows"] >= 0
     assert tr.last_batch["component_scores"].shape[1] == 2
+
+
+def always(prompts, completions, **_):
+    return [1.0] * len(completions)
+
+
+def length_frac(prompts, completions, completion_ids, **_):
+    return [len(ids) / 6 for ids in completion_ids]
+
+
+def test_dot_truncation_cuts_outliers_and_scores_them_again():
+    """A loose threshold (alpha 0.3, min_cut 1) so the toy's short responses get cut: the cut rows
+    are trained on their first T_q tokens and the reward (here their length) is computed again."""
+    tr = make("grpo", g=4, stop=True, reward=[always, length_frac],
+              truncation={"name": "dot", "metric": "always", "alpha": 0.3, "min_cut": 1})
+    cut = 0
+    for _ in range(3):
+        m = tr.step()
+        cut += m["truncation/responses"]
+        b = tr.last_batch
+        p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+        lens = b["completion_mask"].sum(1)
+        np.testing.assert_allclose(b["scores"], 1.0 + lens / 6, atol=1e-6)  # the rewards of what is trained on
+        assert np.array_equal(b["loss_mask"][:, p - 1:], b["completion_mask"])
+    assert cut > 0  # the loose threshold did cut some responses
+    with pytest.raises(Exception, match="recipe.truncation: unknown rollout truncation 'cut'"):
+        recipe("grpo", num_samples=4, truncation="cut")
