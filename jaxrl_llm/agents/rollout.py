@@ -151,7 +151,8 @@ class Episodes:
     the turn's observation, i.e. the context the next turn starts from), ``grounded`` (per turn:
     the environment executed the action -- ``info["grounded"]`` when it says, else neither
     ``info["invalid"]`` (unparsable) nor ``info["blocked"]`` (no effect, "nothing happens");
-    False for a step that failed: SPA-RL's grounding signal).
+    False for a step that failed: SPA-RL's grounding signal), ``turn_tool_calls`` (per turn: the
+    step's ``info["tool_calls"]``).
     """
 
     seeds: list[int]
@@ -178,6 +179,7 @@ class Episodes:
     answers: list[str | None]
     boundaries: list[list[int]]
     grounded: list[list[bool]]
+    turn_tool_calls: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def group_ids(self) -> np.ndarray:
@@ -271,6 +273,7 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
                 rec.grounded[i].append(o.error is None and bool(info.get(
                     "grounded", not (info.get("invalid") or info.get("blocked")))))
                 rec.tool_calls[i] += int(info.get("tool_calls", 0))
+                rec.turn_tool_calls[i].append(int(info.get("tool_calls", 0)) if o.error is None else 0)
                 rec.tool_errors[i] += int(info.get("tool_errors", 0))
                 if not o.done:
                     rec.observations[i].append(o.observation)
@@ -300,7 +303,8 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
             actions=rec.actions, observations=rec.observations, stopped=rec.stopped, error=list(eb.errors),
             success=list(eb.success), terminated=list(eb.terminated), truncated=list(eb.truncated),
             context_truncated=rec.context_truncated, tool_calls=rec.tool_calls, tool_errors=rec.tool_errors,
-            agent_ids=rec.agent_ids, answers=answers, boundaries=rec.boundaries, grounded=rec.grounded)
+            agent_ids=rec.agent_ids, answers=answers, boundaries=rec.boundaries, grounded=rec.grounded,
+            turn_tool_calls=rec.turn_tool_calls)
 
 
 def _reset_mismatch(spec: EnvSpec, group: int, i: int, seed: int):
@@ -325,6 +329,7 @@ class _Recorder:
         self.agent_ids: list[list[int]] = [[] for _ in range(n)]
         self.boundaries: list[list[int]] = [[] for _ in range(n)]
         self.grounded: list[list[bool]] = [[] for _ in range(n)]
+        self.turn_tool_calls: list[list[int]] = [[] for _ in range(n)]
 
     def add_turn(self, i: int, ids: list[int], lps: list[float], k: int, stopped: bool) -> None:
         self.tokens[i] += ids

@@ -181,3 +181,31 @@ def eapo(x, *, gamma: float, scale_by_std: bool = True, epsilon: float = 1e-6) -
     adv = core.eapo_turn_advantages(x["scores"], x["turn_mask"], x["group_ids"], x.num_groups, gamma=gamma,
                                     scale_by_std=scale_by_std, epsilon=epsilon, valid=x.get("valid"))
     return _tokens(x, adv)
+
+
+@register_estimator("aspo", paper="Understanding Tool-Integrated Reasoning (ASPO, Advantage Shaping Policy "
+                                  "Optimization), arXiv:2508.19201",
+                    core=("aspo_advantages", "grpo_advantages"), requires=("turn_mask", "turn_ids", "turn_tool_calls"),
+                    group_relative=True, methods=(16,),
+                    verified="hand values (the paper's Eq. 2), paper identity (the sign is kept for k < 1)",
+                    tests=_TESTS,
+                    note="GRPO on the episode outcome, then correct tool-using episodes shaped by the position of their "
+                         "first tool call (the first token of the first turn whose step called a tool)")
+def aspo(x, *, delta: float = -2.0, k: float = 0.7, correct_threshold: float = 1.0, epsilon: float = 1e-6
+         ) -> Advantages:
+    """ASPO: earlier tool calls in correct episodes earn a clipped advantage bonus."""
+    import jax.numpy as jnp
+
+    m = x["mask"]
+    base = core.grpo_advantages(x["scores"], m, x["group_ids"], x.num_groups, epsilon=epsilon, valid=x.get("valid"))
+    row = jnp.sum(base, axis=1) / jnp.maximum(jnp.sum(base != 0, axis=1), 1)
+    tid = x["turn_ids"]
+    t = tid.shape[1]
+    calls = x["turn_tool_calls"] * x["turn_mask"]
+    k_first = jnp.argmax(calls > 0, axis=1)  # the first turn that called a tool
+    has = jnp.any(calls > 0, axis=1)
+    at = (tid == k_first[:, None]) & (tid >= 0)
+    first_pos = jnp.where(has & jnp.any(at, axis=1), jnp.argmax(at, axis=1), -1)
+    length = jnp.sum(jnp.cumsum(m[:, ::-1], axis=1)[:, ::-1] > 0, axis=1)  # up to the last policy token
+    return Advantages(core.aspo_advantages(row, x["scores"] >= correct_threshold, first_pos, length, m,
+                                           x["group_ids"], x.num_groups, delta=delta, k=k, valid=x.get("valid")))

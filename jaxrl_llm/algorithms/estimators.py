@@ -52,6 +52,8 @@ response is every token after the first prompt, ``mask`` its policy tokens):
 * ``turn_entropy [N, K]`` float32: the sampling policy's mean token entropy over each turn;
 * ``agent_ids [N, K]`` int32: the agent that acted at each turn (``info["agent_id"]``, 0 by
   default);
+* ``turn_tool_calls [N, K]`` float32: the tool calls the environment counted at each turn
+  (``info["tool_calls"]``);
 * ``gt_logp [N, K + 1]`` float32: the sampling policy's mean log-prob per token of the gold
   answer (``reset``'s ``info["answer"]``) after the first prompt and after each turn.
 
@@ -100,7 +102,7 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
-                                   "gt_logp": "turn_boundary",
+                                   "gt_logp": "turn_boundary", "turn_tool_calls": "turn",
                                    # SPA-RL: the progress estimator's per-turn contributions and
                                    # the environment's grounding signal (action executed), [N, K]
                                    "progress": "turn", "grounding": "turn"}

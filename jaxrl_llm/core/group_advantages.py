@@ -37,6 +37,7 @@ __all__ = [
     "copo_advantages",
     "low_probability_confidence",
     "arm_advantages",
+    "aspo_advantages",
 ]
 
 
@@ -734,3 +735,52 @@ def arm_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarra
     shift = alpha * (_checks.as_float(prompt_confidence) - _checks.as_float(answer_confidence))
     apply = pos & ((s > 0) if correct_only else True)
     return _broadcast(jnp.where(apply, base + shift, base), m, v)
+
+
+# ----------------------------------------------------------------------------------------- ASPO
+
+
+def aspo_advantages(advantages: jnp.ndarray, correct: jnp.ndarray, first_call: jnp.ndarray, lengths: jnp.ndarray,
+                    mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *, delta: float = -2.0, k: float = 0.7,
+                    valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """ASPO: shaping the advantage of correct tool-using responses by *when* the tool is first used.
+
+    For the rows that are correct and call a tool (``first_call >= 0``, the position of the first
+    call in the response), with ``mean p`` and ``mean L`` over those rows of the group::
+
+        A_i <- A_i + clip(delta (p_i - mean p) / mean L, -k |A_i|, k |A_i|)
+
+    so with ``delta < 0`` an earlier call earns more, a later one less, and the clip keeps the
+    shaping within ``k`` of the advantage: its sign never flips (``k < 1``) and a zero advantage
+    (an all-correct group) is not shaped. Other rows keep ``A``. The advantage is shaped, not the
+    reward, so the accuracy signal and its normalisation are untouched.
+
+    Paper: "Understanding Tool-Integrated Reasoning" (ASPO), arXiv:2508.19201, Eq. 2 and §4.5:
+    ``delta = -2.0, k = 0.7`` (conservative; ``-2.5, 0.9`` aggressive); the base advantage is
+    DAPO's (GRPO's normalisation).
+
+    Args:
+      advantages: ``[B]`` per-row base advantages. correct: ``[B]`` bool. first_call: ``[B]`` the
+        position of the first tool call (-1: none). lengths: ``[B]`` response lengths. mask:
+        ``[B, T]`` (the advantage is broadcast over it). group_ids, num_groups, valid: as usual.
+      delta, k: as above.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    b = _checks.check_token_args(mask=mask)[0]
+    _checks.check_seq_args(b, advantages=advantages, correct=correct, first_call=first_call, lengths=lengths)
+    _checks.check_groups(group_ids, num_groups, b)
+    m = _checks.as_mask(mask)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    a = _checks.zero_outside(_checks.as_float(advantages), v)
+    pos = _checks.as_float(first_call)
+    elig = (jnp.asarray(correct, bool) & (pos >= 0) & (v > 0)).astype(jnp.float32)
+    n = group_sum(elig, group_ids, num_groups)
+    mean_p = safe_divide(group_sum(pos * elig, group_ids, num_groups), n)[group_ids]
+    mean_l = safe_divide(group_sum(_checks.as_float(lengths) * elig, group_ids, num_groups), n)[group_ids]
+    raw = delta * safe_divide(pos - mean_p, mean_l)
+    bound = k * jnp.abs(a)
+    shaped = a + jnp.clip(raw, -bound, bound)
+    out = jnp.where(elig > 0, shaped, a)
+    return jax.lax.stop_gradient(out[:, None] * m * v[:, None])

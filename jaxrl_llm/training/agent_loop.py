@@ -71,7 +71,7 @@ def _contributions(graphdef, params, others, tokens, mask, turn_end, turn_mask):
 
 #: estimator inputs only an agent run provides (kind in PROVIDED_INPUTS): filled by the assemble phase
 AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp",
-                "progress", "grounding")
+                "progress", "grounding", "turn_tool_calls")
 
 
 class SeedStream:
@@ -271,6 +271,9 @@ class AgentTrainer(RLTrainer):
         turn_inputs["agent_ids"] = np.zeros((len(ep.tokens), k), np.int32)
         for i, ids in enumerate(ep.agent_ids):
             turn_inputs["agent_ids"][i, :len(ids)] = ids[:k]
+        turn_inputs["turn_tool_calls"] = np.zeros((len(ep.tokens), k), np.float32)
+        for i, calls in enumerate(ep.turn_tool_calls):
+            turn_inputs["turn_tool_calls"][i, :len(calls)] = calls[:k]
         n = len(ep.tokens)
         step = StepBatch(arrays, rounds[0].scores, np.ones(n, bool), prompt_len, ep.prompts, ep.prompt_ids,
                          {"seed": list(ep.seeds)}, {}, inputs={k: v for k, v in turn_inputs.items()

@@ -336,3 +336,21 @@ def test_arm_hand_values_and_identities():
     close(C.arm_advantages(z, m, g, 1, conf, np.full(4, -1.0), alpha=0.1), np.zeros((4, 2)))
     co = rows(C.arm_advantages(s, m, g, 1, conf, np.full(4, -1.0), alpha=0.1, correct_only=True))
     close(co, [0.8160, -0.8660, -0.8660, 0.8560], 1e-4)
+
+
+def test_aspo_hand_values_and_properties():
+    a = np.array([.5, .5, .5, -1.5], np.float32)
+    correct = np.array([1, 1, 1, 0], bool)
+    out = rows(C.aspo_advantages(a, correct, np.array([100, 400, 700, -1.]), np.full(4, 1000.), np.ones((4, 1)),
+                                 np.zeros(4, np.int32), 1))
+    # raw -2 (p - 400) / 1000 = [.6, 0, -.6] clipped to +-0.7 x 0.5 = +-0.35
+    close(out, [0.85, 0.5, 0.15, -1.5])
+    # an all-correct group has A = 0: nothing is shaped; a single tool user: p - mean p = 0
+    close(rows(C.aspo_advantages(np.zeros(4, np.float32), np.ones(4, bool), np.array([1, 5, 9, 2.]), np.full(4, 10.),
+                                 np.ones((4, 1)), np.zeros(4, np.int32), 1)), np.zeros(4))
+    close(rows(C.aspo_advantages(a, correct, np.array([100, -1, -1, -1.]), np.full(4, 1000.), np.ones((4, 1)),
+                                 np.zeros(4, np.int32), 1)), a)
+    # the sign is kept for k < 1 whatever delta
+    big = rows(C.aspo_advantages(a, correct, np.array([0, 400, 900, -1.]), np.full(4, 10.), np.ones((4, 1)),
+                                 np.zeros(4, np.int32), 1, delta=-100.0))
+    assert np.all(np.sign(big) == np.sign(a))

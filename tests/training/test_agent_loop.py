@@ -166,7 +166,7 @@ def test_single_turn_loops_refuse_turn_level_inputs():
 
 
 @pytest.mark.parametrize("name", ["gigpo", "turn_baseline", "flow_grpo", "empg", "mars", "multiturn_gae", "poad",
-                                  "eapo"])
+                                  "eapo", "aspo"])
 def test_turn_level_estimators_run_in_the_agent_loop(name):
     """One step each: advantages on policy tokens only, equal to the core function on the
     batch's own turn inputs; the turn inputs are what the episodes say."""
@@ -313,3 +313,26 @@ def test_progress_objective_fits_contributions_that_sum_to_the_outcome():
     for _ in range(60):
         st, m = crit.train_step(st, batch)
     assert float(m["loss"]) < 0.05 * want
+
+
+def test_aspo_finds_the_first_tool_call_of_each_episode():
+    """The estimator entry: the first policy token of the first turn whose step called a tool,
+    the response length up to the last policy token, GRPO's outcome advantage, then the shaping."""
+    import jax.numpy as jnp
+
+    import jaxrl_llm.core as core
+    from jaxrl_llm.algorithms import ESTIMATORS, EstimatorInputs
+
+    # 4 episodes of one group; tokens: turn 0 = 2 tokens, an observation token, turn 1 = 2 tokens
+    tid = np.array([[0, 0, -1, 1, 1]] * 4, np.int32)
+    mask = tid >= 0
+    calls = np.array([[1, 0], [0, 1], [0, 0], [1, 1]], np.float32)
+    x = {"scores": np.array([1, 1, 0, 1], np.float32), "mask": mask, "group_ids": np.zeros(4, np.int32),
+         "turn_ids": tid, "turn_mask": np.ones((4, 2), bool), "turn_tool_calls": calls}
+    part = ESTIMATORS["aspo"]
+    out = np.asarray(part.fn(EstimatorInputs(x, 1, allowed=part.requires)).advantages)
+    base = np.asarray(core.grpo_advantages(x["scores"], mask, x["group_ids"], 1))[:, 0]
+    want = core.aspo_advantages(base, np.array([1, 1, 0, 1], bool), np.array([0, 3, -1, 0]), np.full(4, 5.0),
+                                mask, x["group_ids"], 1)
+    np.testing.assert_allclose(out, np.asarray(want), atol=1e-6)
+    assert out[1, 0] < base[1] < out[0, 0]  # the late caller loses, the early callers gain
