@@ -104,3 +104,11 @@ def test_methods_command(capsys):
 
     rows = json.loads(capsys.readouterr().out)
     assert {"kind", "key", "name", "paper", "core", "tests", "verified", "methods"} <= set(rows[0])
+
+
+def test_readme_method_table_lists_every_seed_method():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Methods from the papers"):readme.index("## Add a method")]
+    for r in catalog(library_only=True):
+        for m in r["methods"]:
+            assert f"`{r['name']}`" in table and f"#{m}" in table, (r["name"], m)
