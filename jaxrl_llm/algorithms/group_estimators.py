@@ -182,3 +182,21 @@ def arm(x, *, alpha: float, fraction: float = 0.2, correct_only: bool = False, e
     return Advantages(core.arm_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, conf,
                                           x["prompt_confidence"], alpha=alpha, correct_only=correct_only,
                                           epsilon=epsilon, valid=x.get("valid")))
+
+
+@register_estimator("hbpo", paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), "
+                                  "arXiv:2507.15844",
+                    core=("hbpo_advantages", "hbpo_reward"), group_relative=True, methods=(2,), tests=_T,
+                    verified="hand values (paper and code), paper identities",
+                    note="prompt groups are (question, budget) sub-groups from data.budgets: question g // k, budget "
+                         "g % k; intra (sub-group mean - the budget's full credit) + inter (GRPO over the question); "
+                         "with recipe.shaping=hbpo")
+def hbpo(x, *, budgets: tuple = (512, 1024, 2048, 2560), beta: float = 4.0, max_length: float = 4096.0,
+         intra_coef: float = 1.0, epsilon: float = 1e-6) -> Advantages:
+    """HBPO's intra- plus inter-sub-group advantage."""
+    k = len(budgets)
+    g = x["group_ids"]
+    budget = jnp.asarray(budgets, jnp.float32)[g % k]
+    return Advantages(core.hbpo_advantages(x["scores"], x["mask"], g, x.num_groups, budget, g // k, x.num_groups,
+                                           beta=beta, max_length=max_length, intra_coef=intra_coef, epsilon=epsilon,
+                                           valid=x.get("valid")))

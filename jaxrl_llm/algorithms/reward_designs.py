@@ -126,6 +126,19 @@ def self_play(x: ShapingInputs, *, metric: str | None = None, preference: str = 
     return _replace(x, core.self_play_win_rate(jnp.asarray(p, jnp.float32), *_g(x)))
 
 
+HBPO_BUDGETS = (512, 1024, 2048, 2560)
+
+
+def hbpo(x: ShapingInputs, *, budgets: tuple = HBPO_BUDGETS, metric: str | None = None, threshold: float = 1.0,
+         beta: float = 4.0, max_length: float = 4096.0, alpha: float | None = None) -> np.ndarray:
+    """HBPO's budget-aware reward; prompt group ``g`` was asked with budget ``budgets[g % k]``
+    (the data pipeline's budget variants, ``data.budgets``)."""
+    budget = np.asarray(budgets, np.float32)[np.asarray(x.group_ids) % len(budgets)]
+    r = core.hbpo_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(x.lengths, jnp.float32),
+                         jnp.asarray(budget), beta=beta, max_length=max_length, alpha=alpha)
+    return _replace(x, r)
+
+
 _TEXT = (("needs_text", True),)
 for _part in (
     Part("thinkless", thinkless, paper="Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
@@ -154,6 +167,11 @@ for _part in (
                              "Incentivization (EMPO), arXiv:2504.05812",
          core=("empo_reward",), methods=(15,), verified="hand values", tests=_T, flags=_TEXT,
          note="replaces the reward by the answer's share of the group (final answers as clusters); no label used"),
+    Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
+         core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
+                                                      "f2(b))", tests=_T,
+         note="min(f1, f2) for correct answers, 0 wrong; needs data.budgets equal to budgets (prompt group g is "
+              "budget g % k); with recipe.advantage=hbpo"),
     Part("self_play", self_play, paper="A Minimaximalist Approach to Reinforcement Learning from Human Feedback "
                                        "(Swamy et al.), arXiv:2401.04056",
          core=("self_play_win_rate",), methods=(32,), verified="hand values, paper identity", tests=_T,

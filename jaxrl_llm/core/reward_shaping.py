@@ -30,6 +30,8 @@ __all__ = [
     "empo_reward",
     "self_play_win_rate",
     "dot_truncation_lengths",
+    "hbpo_reward",
+    "hbpo_advantages",
 ]
 
 sg = jax.lax.stop_gradient
@@ -361,3 +363,91 @@ def dot_truncation_lengths(lengths: jnp.ndarray, correct: jnp.ndarray, group_ids
     need = min_cut if min_cut >= 1 else jnp.maximum(jnp.floor(L * min_cut), 16.0)
     cut = (v > 0) & (rate >= success) & (L > thr) & (L - thr >= need)
     return jax.lax.stop_gradient(jnp.where(cut, thr, L)).astype(jnp.int32)
+
+
+def _hbpo_f(x, beta, max_length):
+    return beta * jnp.cos(math.pi * x / (2.0 * max_length))
+
+
+def hbpo_reward(correct: jnp.ndarray, lengths: jnp.ndarray, budgets: jnp.ndarray, *, beta: float = 4.0,
+                max_length: float = 4096.0, alpha: float | None = None,
+                format_ok: jnp.ndarray | None = None) -> jnp.ndarray:
+    """HBPO's budget-aware reward.
+
+    ``f1(L, b) = beta cos(pi L / (2 L_max)) - alpha |L - b|`` and ``f2(b) = beta cos(pi b / (2 L_max))``;
+    a correct response within ``L_max`` gets ``min(f1, f2)`` (shorter than its budget: the
+    budget's value; past it: less, the further the less), a wrong one 0, a format failure -1. A
+    short budget's full credit is higher than a long one's, so budgets compete.
+
+    Paper: "Hierarchical Budget Policy Optimization for Adaptive Reasoning" (HBPO), arXiv:2507.15844,
+    Eqs. f1 / f2; the authors' code (``ZJU-REAL/HBPO`` @5c8991d, ``compute_score``) takes the min,
+    which equals the paper's piecewise form except for short answers under the 512 budget:
+    ``beta = 4``, ``L_max = 4096``, ``alpha = 1 / L_max``, budgets 512, 1024, 2048, 2560.
+
+    Args:
+      correct: ``[B]`` bool. lengths: ``[B]``. budgets: ``[B]`` each row's token budget.
+      beta, max_length, alpha (default ``1 / max_length``): as above. format_ok: optional ``[B]``.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _seq("budgets", budgets, b)
+    _checks.check_positive("max_length", max_length)
+    a = 1.0 / max_length if alpha is None else alpha
+    L, bud = _checks.as_float(lengths), _checks.as_float(budgets)
+    f1 = _hbpo_f(L, beta, max_length) - a * jnp.abs(L - bud)
+    f2 = _hbpo_f(bud, beta, max_length)
+    ok = jnp.asarray(correct, bool) & (L <= max_length)
+    r = jnp.where(ok, jnp.minimum(f1, f2), 0.0)
+    if format_ok is not None:
+        _seq("format_ok", format_ok, b)
+        r = jnp.where(jnp.asarray(format_ok, bool), r, -1.0)
+    return sg(r.astype(jnp.float32))
+
+
+def hbpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int,
+                    budgets: jnp.ndarray, question_ids: jnp.ndarray, num_questions: int, *, beta: float = 4.0,
+                    max_length: float = 4096.0, intra_coef: float = 1.0, epsilon: float = 1e-6,
+                    valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """HBPO's hierarchical advantage: within a budget's sub-group and across the question's sub-groups.
+
+    The rollouts of a question are split into sub-groups by budget (``group_ids``: one per
+    (question, budget); ``question_ids``). With HBPO's rewards ``R`` (:func:`hbpo_reward`)::
+
+        A_intra(j) = mean_{sub-group j} R - f2(b_j)        (<= 0: how far the sub-group falls short
+                                                             of its budget's full credit)
+        A_inter(i) = (R_i - mean_q R) / (std_q R + eps)     (over all the question's rollouts)
+        A_i        = intra_coef A_intra(j(i)) + A_inter(i)
+
+    Identities (paper): one budget with every rollout correct and within it gives 0; all wrong
+    gives every row ``-f2(b)``. A question with one rollout gets ``A = R`` (no comparison).
+
+    Paper: "Hierarchical Budget Policy Optimization for Adaptive Reasoning" (HBPO),
+    arXiv:2507.15844, Alg. 1 / §3.3: the intra term is the sub-group mean minus the budget's
+    full credit, the inter term GRPO over the question (unbiased std, as the code). The released
+    code adds the intra term twice (``intra_coef=2`` reproduces it).
+
+    Args:
+      scores: ``[B]`` HBPO rewards. mask: ``[B, T]``. group_ids: ``[B]`` sub-groups, num_groups
+        static. budgets: ``[B]`` each row's budget. question_ids: ``[B]``, num_questions static.
+      beta, max_length: the reward's (for ``f2``). intra_coef: weight of the intra term.
+      epsilon: 1e-6. valid: optional ``[B]``.
+
+    Returns:
+      ``[B, T]`` float32.
+    """
+    from jaxrl_llm.core.advantages import _broadcast, _prep_outcome
+    from jaxrl_llm.core.stats import group_stats
+
+    s, m, v = _prep_outcome(scores, mask, group_ids, num_groups, valid)
+    _seq("budgets", budgets, s.shape[0])
+    _checks.check_groups(question_ids, num_questions, s.shape[0])
+    sub_mean = safe_divide(group_sum(s * v, group_ids, num_groups), group_sum(v, group_ids, num_groups))[group_ids]
+    intra = sub_mean - _hbpo_f(_checks.as_float(budgets), beta, max_length)
+    st = group_stats(s, question_ids, num_questions, v)
+    single = st.count <= 1
+    inter = jnp.where(single, s, safe_divide(s - st.mean, st.std + epsilon))
+    adv = jnp.where(single, s, intra_coef * intra + inter)
+    return _broadcast(adv, m, v)

@@ -237,12 +237,19 @@ class PromptDataConfig(_PipelineConfig):
       on_error: ``"raise"`` (malformed rows raise :class:`DataError` with file and line) or
         ``"skip"`` (skipped and counted).
       prefetch_threads: grain read threads (0: read in the caller's thread).
+      budgets: HBPO's budget variants: each prompt becomes ``len(budgets)`` consecutive prompts,
+        the ``j``-th with ``budget_template`` (``{prompt}`` and ``{budget}``) applied to its text
+        with ``budgets[j]`` (a batch then holds ``batch_size x len(budgets)`` prompts: prompt
+        ``g`` of it asks question ``g // k`` under budget ``g % k``); every variant gets a
+        ``budget`` column. Empty: no variants.
     """
 
     prompt_field: str = "prompt"
     columns: tuple[str, ...] | None = None
     required: tuple[str, ...] = ()
     max_prompt_tokens: int = 512
+    budgets: tuple[int, ...] = ()
+    budget_template: str = "{prompt}\n(Answer within {budget} tokens.)"
 
 
 @dataclasses.dataclass
@@ -274,6 +281,20 @@ def prompt_dataset(source: Any, tokenizer: Any, config: PromptDataConfig = Promp
     is a random-access source (:func:`~jaxrl_llm.data.open_source`, a task's rows in a
     :class:`~jaxrl_llm.data.ListSource`, ...); process index and count default to JAX's."""
     cfg = config
+    if cfg.budgets:
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in cfg.budgets):
+            raise ValueError(f"PromptDataConfig.budgets must be positive ints, got {cfg.budgets!r}")
+        if "{prompt}" not in cfg.budget_template or "{budget}" not in cfg.budget_template:
+            raise ValueError(f"PromptDataConfig.budget_template must contain {{prompt}} and {{budget}}, got "
+                             f"{cfg.budget_template!r}")
+
+    def encode_one(rec: dict, prompt: Any, cols: dict):
+        text = render_prompt(tokenizer, prompt, chat=cfg.chat, system_prompt=cfg.system_prompt)
+        ids = _tokens(tokenizer, text) if cfg.chat else list(tokenizer(text)["input_ids"])
+        if len(ids) > cfg.max_prompt_tokens:
+            return _Skip("too_long", rec[WHERE], f"prompt has {len(ids)} tokens > max_prompt_tokens="
+                                                 f"{cfg.max_prompt_tokens}")
+        return {"ids": ids, "text": text, "raw": prompt, "cols": cols, "where": rec[WHERE]}
 
     def encode(rec: dict):
         prompt = _field(rec, cfg.prompt_field)
@@ -284,14 +305,22 @@ def prompt_dataset(source: Any, tokenizer: Any, config: PromptDataConfig = Promp
             cols = {k: v for k, v in rec.items() if k not in (cfg.prompt_field, WHERE)}
         else:
             cols = {k: _field(rec, k) for k in cfg.columns}
-        text = render_prompt(tokenizer, prompt, chat=cfg.chat, system_prompt=cfg.system_prompt)
-        ids = _tokens(tokenizer, text) if cfg.chat else list(tokenizer(text)["input_ids"])
-        if len(ids) > cfg.max_prompt_tokens:
-            return _Skip("too_long", rec[WHERE], f"prompt has {len(ids)} tokens > max_prompt_tokens="
-                                                 f"{cfg.max_prompt_tokens}")
-        return {"ids": ids, "text": text, "raw": prompt, "cols": cols, "where": rec[WHERE]}
+        if not cfg.budgets:
+            return encode_one(rec, prompt, cols)
+        if not isinstance(prompt, str):
+            raise DataError(f"{rec[WHERE]}: budget variants (PromptDataConfig.budgets) need a text prompt, got "
+                            f"{type(prompt).__name__}")
+        variants = []
+        for b in cfg.budgets:
+            one = encode_one(rec, cfg.budget_template.format(prompt=prompt, budget=b), {**cols, "budget": int(b)})
+            if isinstance(one, _Skip):
+                return one
+            variants.append(one)
+        return {"variants": variants}
 
     def collate(items: list[dict]) -> PromptBatch:
+        if cfg.budgets:  # each question's budget variants, consecutive
+            items = [v for it in items for v in it["variants"]]
         names = list(items[0]["cols"])
         for it in items:
             if list(it["cols"]) != names:

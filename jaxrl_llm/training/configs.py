@@ -63,7 +63,10 @@ class DataSpec:
     parquet, saved HF dataset; ``dataset_format="gsm8k"`` reads GSM8K's question/answer
     columns) with an ``eval_dataset``. The reward is the task's verifier (or the math
     verifier on the ``answer`` column for datasets) plus ``format_weight`` times a strict
-    tag-format reward when ``format_weight > 0``.
+    tag-format reward when ``format_weight > 0``. ``budgets``: HBPO's budget variants of every
+    training prompt (``budget_template`` with ``{prompt}`` and ``{budget}``), consecutive, so
+    prompt group ``g`` asks question ``g // k`` under budget ``g % k`` (``rollout.prompts_per_step``
+    counts questions).
     """
 
     task: str = "arithmetic"
@@ -77,6 +80,8 @@ class DataSpec:
     system_prompt: str | None = None
     max_prompt_tokens: int = 256
     format_weight: float = 0.0
+    budgets: tuple[int, ...] = ()
+    budget_template: str = "{prompt}\n(Answer within {budget} tokens.)"
 
 
 @dataclasses.dataclass(frozen=True)

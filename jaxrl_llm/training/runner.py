@@ -196,6 +196,17 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rec = rl_recipe(cfg)
+    hbpo = [f"recipe.{k}" for k, p in (("advantage", rec.estimator), *(("shaping", x) for x in rec.shaping))
+            if p.name == "hbpo"]
+    for key in hbpo:
+        part = rec.estimator if key == "recipe.advantage" else next(x for x in rec.shaping if x.name == "hbpo")
+        want = tuple(dict(part.kwargs)["budgets"])
+        if tuple(cfg.data.budgets) != want:
+            raise ConfigError(f"{key}=hbpo reads budgets {list(want)} by prompt group; data.budgets must be the same "
+                              f"(the prompts' budget variants), got {list(cfg.data.budgets)}")
+    if cfg.data.budgets and rec.group_filter.max_rounds > 1:
+        raise ConfigError("data.budgets (budget variants of each question in consecutive prompt groups) cannot be "
+                          "combined with a group filter, which reorders the groups")
     if "aux_logp" in rec.requires and not cfg.model.aux_params:
         raise ConfigError(f"recipe.advantage={rec.estimator.name} reads an auxiliary policy (a DPO-trained model): set "
                           f"model.aux_params=<a parameter directory, e.g. a preference run's final_params>")
@@ -332,6 +343,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
     train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step, chat=cfg.data.chat,
+                                           budgets=tuple(cfg.data.budgets), budget_template=cfg.data.budget_template,
                                            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed + 1,
                                            max_prompt_tokens=cfg.data.max_prompt_tokens),
                           process_index=0, process_count=1)  # the global batch on every host (loop docstring)

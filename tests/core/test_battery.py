@@ -260,6 +260,10 @@ R.update({
     "empo_reward": (lambda v: C.empo_reward(ANS, GID, NG, valid=v), lambda s: [np.ones(B, bool)], 0),
     "dot_truncation_lengths": (lambda l, c, v: C.dot_truncation_lengths(l, c > 0, GID, NG, alpha=0.5, min_cut=1, valid=v),
                                lambda s: [lengths(s)[0], _scores(s), np.ones(B, bool)], 2),
+    "hbpo_reward": (lambda c, l: C.hbpo_reward(c > 0, l, np.array([4, 8, 4, 8, 4, 8], np.float32), max_length=20.0),
+                    lambda s: [_scores(s), lengths(s)[0]], None),
+    "hbpo_advantages": (lambda s_, m: C.hbpo_advantages(s_, m, GID, NG, np.array([4, 8, 16, 4, 8, 16], np.float32),
+                                                        np.zeros(B, np.int32), 1, max_length=20.0), outcome, 1),
     "self_play_win_rate": (lambda p, v: C.self_play_win_rate(p, GID, NG, valid=v),
                            lambda s: [_rng(s).uniform(0, 1, (B, B)).astype(np.float32), np.ones(B, bool)], 1),
 })

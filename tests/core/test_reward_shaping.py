@@ -118,3 +118,30 @@ def test_dot_truncation_lengths():
     assert np.asarray(C.dot_truncation_lengths(L, np.ones(12, bool), np.zeros(12, np.int32), 1, min_cut=50))[-1] == 1000
     assert np.asarray(C.dot_truncation_lengths(L, np.ones(12, bool), np.zeros(12, np.int32), 1, min_cut=0.04))[-1] \
         == 954  # need max(floor(1000 x .04), 16) = 40 <= 46
+
+
+def test_hbpo_reward_and_advantages():
+    b = np.array([512, 512, 2560, 2560.], np.float32)
+    L = np.array([300, 900, 1500, 2000.], np.float32)
+    c = np.array([1, 1, 1, 0], bool)
+    R = np.asarray(C.hbpo_reward(c, L, b))
+    f = lambda x: 4 * np.cos(np.pi * x / 8192)  # noqa: E731
+    f1 = f(L) - np.abs(L - b) / 4096
+    np.testing.assert_allclose(R, [min(f1[0], f(512)), min(f1[1], f(512)), min(f1[2], f(2560)), 0], rtol=1e-5)
+    np.testing.assert_allclose(R, [3.92180, 3.66938, 2.22228, 0], atol=1e-4)
+    # f1(b, b) = f2(b): answering exactly at the budget earns its full credit
+    np.testing.assert_allclose(C.hbpo_reward(np.ones(2, bool), np.array([1024., 2048.]), np.array([1024., 2048.])),
+                               f(np.array([1024., 2048.])), rtol=1e-6)
+    # a format failure is -1; a correct answer past L_max earns nothing
+    np.testing.assert_allclose(C.hbpo_reward(np.array([1, 1], bool), np.array([10., 5000.]), np.array([512., 512.]),
+                                             format_ok=np.array([0, 1], bool)), [-1, 0])
+    g, q = np.array([0, 0, 1, 1]), np.zeros(4, np.int32)
+    a = np.asarray(C.hbpo_advantages(R, np.ones((4, 1)), g, 2, b, q, 1))[:, 0]
+    np.testing.assert_allclose(a, [0.6888, 0.5484, -1.2396, -2.4750], atol=1e-4)
+    a2 = np.asarray(C.hbpo_advantages(R, np.ones((4, 1)), g, 2, b, q, 1, intra_coef=2.0))[:, 0]
+    np.testing.assert_allclose(a2, [0.5612, 0.4209, -2.3507, -3.5861], atol=1e-4)  # the released code
+    # one budget (>= 1024: f1 >= f2 below it), every rollout correct within it: A = 0; all wrong: every row -f2(b)
+    ok = np.asarray(C.hbpo_reward(np.ones(4, bool), np.array([100, 700, 1300, 2000.]), np.full(4, 2048.)))
+    np.testing.assert_allclose(C.hbpo_advantages(ok, np.ones((4, 1)), np.zeros(4, np.int32), 1, np.full(4, 2048.),
+                                                 np.zeros(4, np.int32), 1), np.zeros((4, 1)), atol=1e-6)
+    np.testing.assert_allclose(C.hbpo_advantages(np.zeros(4), np.ones((4, 1)), g, 2, b, q, 1)[:, 0], -f(b), rtol=1e-5)
