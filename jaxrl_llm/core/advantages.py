@@ -73,6 +73,20 @@ def _reverse_masked_scan(step, init, xs):
     return jnp.swapaxes(ys[::-1], 0, 1)
 
 
+def _gae_step(gamma, lam):
+    """GAE's backward step over ``(r_t, V_t, m_t)``: ``delta = r + gamma V_next - V``,
+    ``A = delta + gamma lam A_next``; masked positions pass the running value and advantage on."""
+    def step(carry, x):
+        next_v, last_gae = carry
+        r_t, v_t, m_t = x
+        delta = r_t + gamma * next_v - v_t
+        gae = delta + gamma * lam * last_gae
+        next_v = v_t * m_t + (1.0 - m_t) * next_v
+        last_gae = gae * m_t + (1.0 - m_t) * last_gae
+        return (next_v, last_gae), last_gae
+    return step
+
+
 def _check_discount(name: str, value) -> None:
     """A discount or GAE lambda: a static float in [0, 1] (traced values are not checked)."""
     if isinstance(value, jax.core.Tracer):
@@ -115,17 +129,8 @@ def gae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.nd
     r = _checks.zero_outside(_checks.as_float(token_rewards), m)
     v = _checks.zero_outside(_checks.as_float(values), m)
 
-    def step(carry, x):
-        next_v, last_gae = carry
-        r_t, v_t, m_t = x
-        delta = r_t + gamma * next_v - v_t
-        gae = delta + gamma * lam * last_gae
-        next_v = v_t * m_t + (1.0 - m_t) * next_v
-        last_gae = gae * m_t + (1.0 - m_t) * last_gae
-        return (next_v, last_gae), last_gae
-
     zeros = jnp.zeros(r.shape[0], r.dtype)
-    adv = _reverse_masked_scan(step, (zeros, zeros), (r, v, m))
+    adv = _reverse_masked_scan(_gae_step(gamma, lam), (zeros, zeros), (r, v, m))
     returns = adv + v
     if whiten:
         adv = masked_whiten(adv, m)
@@ -172,16 +177,7 @@ def egae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.n
     v_last = jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
     boot = jnp.where(tr & jnp.any(m > 0, axis=1), v_last, 0.0)    # the value after the last generated token
 
-    def step(carry, x):
-        next_v, last_gae = carry
-        r_t, v_t, m_t = x
-        delta = r_t + gamma * next_v - v_t
-        gae = delta + gamma * lam * last_gae
-        next_v = v_t * m_t + (1.0 - m_t) * next_v
-        last_gae = gae * m_t + (1.0 - m_t) * last_gae
-        return (next_v, last_gae), last_gae
-
-    adv = _reverse_masked_scan(step, (boot, jnp.zeros(b, r.dtype)), (r, v, m))
+    adv = _reverse_masked_scan(_gae_step(gamma, lam), (boot, jnp.zeros(b, r.dtype)), (r, v, m))
     returns = adv + v
     if whiten:
         adv = masked_whiten(adv, m)

@@ -68,6 +68,16 @@ def _segment_ends(scores, cut_values, cuts, m):
     return start, end, prev >= 0
 
 
+def _prep_segments(scores, cut_values, cuts, mask, old_logp):
+    """Checks; ``(mask, sampling probabilities, segment start values, end values, has a start)``."""
+    b, _ = _checks.check_token_args(cut_values=cut_values, old_logp=old_logp, mask=mask)
+    _checks.check_same_shape("mask", mask, cuts=cuts)
+    _checks.check_seq_args(b, scores=scores)
+    m = _checks.as_mask(mask) > 0
+    p = jnp.exp(_checks.zero_outside(_checks.as_float(old_logp), m.astype(jnp.float32)))
+    return (m, p) + _segment_ends(scores, cut_values, jnp.asarray(cuts).astype(bool), m)
+
+
 def _finish(adv, m, p, threshold, prob_mask, whiten):
     keep = m & (p < threshold) if prob_mask else m
     adv = jnp.where(keep, adv, 0.0)
@@ -102,12 +112,7 @@ def spo_chain_advantages(scores: jnp.ndarray, cut_values: jnp.ndarray, cuts: jnp
     Returns:
       ``(advantages [B, T], loss_mask [B, T] bool)``.
     """
-    b, _ = _checks.check_token_args(cut_values=cut_values, old_logp=old_logp, mask=mask)
-    _checks.check_same_shape("mask", mask, cuts=cuts)
-    _checks.check_seq_args(b, scores=scores)
-    m = _checks.as_mask(mask) > 0
-    p = jnp.exp(_checks.zero_outside(_checks.as_float(old_logp), m.astype(jnp.float32)))
-    start, end, has = _segment_ends(scores, cut_values, jnp.asarray(cuts).astype(bool), m)
+    m, p, start, end, has = _prep_segments(scores, cut_values, cuts, mask, old_logp)
     adv = jnp.where(has & m, end - start, 0.0)
     return _finish(adv, m, p, threshold, prob_mask, whiten)
 
@@ -140,12 +145,7 @@ def pav_advantages(scores: jnp.ndarray, cut_values: jnp.ndarray, cuts: jnp.ndarr
     Returns:
       ``(advantages [B, T], loss_mask [B, T] bool)``.
     """
-    b, _ = _checks.check_token_args(cut_values=cut_values, old_logp=old_logp, mask=mask)
-    _checks.check_same_shape("mask", mask, cuts=cuts)
-    _checks.check_seq_args(b, scores=scores)
-    m = _checks.as_mask(mask) > 0
-    p = jnp.exp(_checks.zero_outside(_checks.as_float(old_logp), m.astype(jnp.float32)))
-    start, end, has = _segment_ends(scores, cut_values, jnp.asarray(cuts).astype(bool), m)
+    m, p, start, end, has = _prep_segments(scores, cut_values, cuts, mask, old_logp)
     adv = end + alpha * (best_of_k_value(end, k) - best_of_k_value(start, k))
     adv = jnp.where(has & m, adv, 0.0)
     return _finish(adv, m, p, threshold, prob_mask, whiten)

@@ -89,26 +89,28 @@ def _near_miss(answer: int, rng: np.random.Generator) -> str:
     return str(answer + int(rng.choice([-10, -1, 1, 10])))
 
 
-def self_generated_pairs(task, rows, sampler, params, tok, seed: int, frozen: tuple = ()) -> tuple[list[dict], dict]:
-    """One pair per prompt: chosen = the reference solution; rejected = a wrong completion
-    the policy sampled for this prompt (the first one), else a near miss."""
-    rng = np.random.default_rng(seed)
+def _policy_samples(rows, sampler, params, tok, seed: int, frozen: tuple = ()):
+    """``(row, [the policy's decoded samples for its prompt])`` for every row, sampled 256
+    prompts at a time with keys ``fold_in(key(seed), first row)``."""
     prompt_ids = [tok(r["prompt"])["input_ids"] for r in rows]
-    pairs, own = [], 0
     g = sampler.config.num_samples
     for s in range(0, len(rows), 256):
         roll = sampler(params, prompt_ids[s:s + 256], jax.random.fold_in(jax.random.key(seed), s), *frozen)
         toks, mask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
         for i, row in enumerate(rows[s:s + 256]):
-            wrong = None
-            for j in range(i * g, (i + 1) * g):
-                text = tok.decode(toks[j][mask[j]], skip_special_tokens=True)
-                if text.strip() and task.score(text, row) < 1.0:
-                    wrong = text
-                    break
-            own += wrong is not None
-            pairs.append({"prompt": row["prompt"], "chosen": row["solution"],
-                          "rejected": wrong if wrong is not None else _near_miss(int(row["answer"]), rng)})
+            yield row, [tok.decode(toks[j][mask[j]], skip_special_tokens=True) for j in range(i * g, (i + 1) * g)]
+
+
+def self_generated_pairs(task, rows, sampler, params, tok, seed: int, frozen: tuple = ()) -> tuple[list[dict], dict]:
+    """One pair per prompt: chosen = the reference solution; rejected = a wrong completion
+    the policy sampled for this prompt (the first one), else a near miss."""
+    rng = np.random.default_rng(seed)
+    pairs, own = [], 0
+    for row, texts in _policy_samples(rows, sampler, params, tok, seed, frozen):
+        wrong = next((t for t in texts if t.strip() and task.score(t, row) < 1.0), None)
+        own += wrong is not None
+        pairs.append({"prompt": row["prompt"], "chosen": row["solution"],
+                      "rejected": wrong if wrong is not None else _near_miss(int(row["answer"]), rng)})
     return pairs, {"pairs": len(pairs), "policy_negatives": own}
 
 
@@ -116,18 +118,12 @@ def spin_pairs(rows, sampler, params, tok, seed: int, frozen: tuple = ()) -> tup
     """SPIN's pairs: chosen = the reference solution, rejected = the policy's own first non-empty
     sample for the prompt, right or wrong (a near miss when every sample is empty)."""
     rng = np.random.default_rng(seed)
-    prompt_ids = [tok(r["prompt"])["input_ids"] for r in rows]
     pairs, same = [], 0
-    g = sampler.config.num_samples
-    for s in range(0, len(rows), 256):
-        roll = sampler(params, prompt_ids[s:s + 256], jax.random.fold_in(jax.random.key(seed), s), *frozen)
-        toks, mask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
-        for i, row in enumerate(rows[s:s + 256]):
-            texts = [tok.decode(toks[j][mask[j]], skip_special_tokens=True) for j in range(i * g, (i + 1) * g)]
-            own = next((t for t in texts if t.strip()), None)
-            rejected = own if own is not None else _near_miss(int(row["answer"]), rng)
-            same += rejected.strip() == str(row["solution"]).strip()
-            pairs.append({"prompt": row["prompt"], "chosen": row["solution"], "rejected": rejected})
+    for row, texts in _policy_samples(rows, sampler, params, tok, seed, frozen):
+        own = next((t for t in texts if t.strip()), None)
+        rejected = own if own is not None else _near_miss(int(row["answer"]), rng)
+        same += rejected.strip() == str(row["solution"]).strip()
+        pairs.append({"prompt": row["prompt"], "chosen": row["solution"], "rejected": rejected})
     return pairs, {"pairs": len(pairs), "identical_to_chosen": same}
 
 
