@@ -51,6 +51,8 @@ DEFERRED_UPWARD = {
     # init_sharded` keep working: a module __getattr__ fetches it from jaxrl_llm.models on use
     ("jaxrl_llm.parallel", "models"),
     ("jaxrl_llm.parallel.sharding", "models"),
+    # the answer clusterer extracts final answers as the math verifier does (one extraction)
+    ("jaxrl_llm.algorithms.answers", "rewards"),
 }
 
 

@@ -16,7 +16,6 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part, new_registry
-from jaxrl_llm.rewards.math import extract_answer
 
 __all__ = ["CLUSTERERS", "answer_key", "cluster_ids"]
 
@@ -41,6 +40,8 @@ def final_answer(completions: Sequence[str], *, methods: Sequence[str] = ("boxed
                  ) -> list[Hashable | None]:
     """The completion's final answer (:func:`jaxrl_llm.rewards.math.extract_answer`: last boxed,
     ``####``, ``<answer>`` tag, else the last number), canonicalised by :func:`answer_key`."""
+    from jaxrl_llm.rewards.math import extract_answer  # the verifiers' extraction (a layer up; used at run time)
+
     return [answer_key(extract_answer(c, tuple(methods))) for c in completions]
 
 
