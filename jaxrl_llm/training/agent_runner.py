@@ -46,7 +46,10 @@ class EnvRunSpec:
     that would not fit its next observation plus a full turn is truncated there). ``chat``:
     apply the tokenizer's chat template (``False`` for the tiny character-level models).
     ``observation_role``: ``user`` or ``tool``. ``eval_episodes``: held-out seeds evaluated
-    (greedy, one episode each). ``train_pool``: training seeds cycled through.
+    (greedy, one episode each). ``eval_samples``: when > 0, each held-out seed is also played
+    ``eval_samples`` times with the policy's own sampling (the rollout temperature, a fixed key):
+    ``eval/success`` is then the sampled policy's success rate and ``eval/success_greedy`` the
+    greedy one's. ``train_pool``: training seeds cycled through.
     """
 
     name: str = "grid"
@@ -59,6 +62,7 @@ class EnvRunSpec:
     max_observation_tokens: int = 256
     step_timeout_s: float = 30.0
     eval_episodes: int = 64
+    eval_samples: int = 0
     train_pool: int = 4096
 
 
@@ -129,6 +133,8 @@ def _check_fields(cfg: AgentRunConfig) -> None:
          f"({min(ro.prompt_buckets)}) plus one turn of rollout.max_new_tokens={ro.max_new_tokens}")
     need(e.observation_role in ("user", "tool"), f"env.observation_role must be 'user' or 'tool', got "
                                                  f"{e.observation_role!r}")
+    need(isinstance(e.eval_samples, int) and e.eval_samples >= 0,
+         f"env.eval_samples must be an int >= 0 (0: greedy only), got {e.eval_samples!r}")
     need(e.eval_episodes >= 1 and e.train_pool >= ro.episodes_per_step,
          f"env.eval_episodes must be >= 1 and env.train_pool >= rollout.episodes_per_step, got {e.eval_episodes}, "
          f"{e.train_pool}")
@@ -161,27 +167,32 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
 
 
 class EpisodeEvaluator:
-    """Greedy held-out episodes: ``evaluate(params, *frozen) -> {"eval/success", "eval/return",
-    "eval/turns", "eval/accuracy", "eval/n"}``; ``last_transcripts`` keeps the episodes."""
+    """Held-out episodes: ``evaluate(params, *frozen) -> {"eval/success", "eval/return",
+    "eval/turns", "eval/accuracy", "eval/n"}``: one greedy episode per seed, or with ``samples``
+    > 0 that many episodes per seed sampled at the rollout temperature (fixed key: every call and
+    every run sees the same random numbers), the greedy success then as ``eval/success_greedy``;
+    ``last_transcripts`` keeps the episodes."""
 
     def __init__(self, graphdef, spec, seeds, fmt, sampling, *, context_len, length_buckets, obs_buckets,
-                 max_turns=None, step_timeout_s=30.0, batch_size=64):
+                 max_turns=None, step_timeout_s=30.0, batch_size=64, samples: int = 0):
         from jaxrl_llm.rollout.multiturn import MultiTurnSampler
 
-        greedy = dataclasses.replace(sampling, greedy=True, num_samples=1)
-        self.sampler = MultiTurnSampler(graphdef, greedy, context_len=context_len, length_buckets=length_buckets,
-                                        obs_buckets=obs_buckets)
+        kw = dict(context_len=context_len, length_buckets=length_buckets, obs_buckets=obs_buckets)
+        self.sampler = MultiTurnSampler(graphdef, dataclasses.replace(sampling, greedy=True, num_samples=1), **kw)
+        self.sampled = None if samples <= 0 else MultiTurnSampler(
+            graphdef, dataclasses.replace(sampling, greedy=False, num_samples=int(samples)), **kw)
         self.spec, self.seeds, self.fmt = spec, list(seeds), fmt
         self.max_turns, self.step_timeout_s, self.batch_size = max_turns, step_timeout_s, batch_size
         self.last_transcripts: list[dict] = []
 
-    def __call__(self, params, *frozen) -> dict[str, float]:
+    def _play(self, sampler, params, frozen, batch: int) -> tuple[list, list, list]:
         from jaxrl_llm.agents.rollout import rollout_episodes
 
         succ, rets, turns, self.last_transcripts = [], [], [], []
-        for start in range(0, len(self.seeds), self.batch_size):
-            ep = rollout_episodes(self.sampler, params, self.spec, self.seeds[start:start + self.batch_size], self.fmt,
-                                  jax.random.key(0), *frozen, max_turns=self.max_turns,
+        for start in range(0, len(self.seeds), batch):
+            # a fixed key per batch of seeds (greedy decoding ignores it)
+            ep = rollout_episodes(sampler, params, self.spec, self.seeds[start:start + batch], self.fmt,
+                                  jax.random.fold_in(jax.random.key(0), start), *frozen, max_turns=self.max_turns,
                                   step_timeout_s=self.step_timeout_s)
             for i in range(len(ep.tokens)):
                 ok = ep.success[i] if ep.success[i] is not None else ep.returns[i] > 0
@@ -191,9 +202,20 @@ class EpisodeEvaluator:
                                                   "transcript": ep.transcript(i)})
             rets += ep.returns.tolist()
             turns += ep.turns.tolist()
+        return succ, rets, turns
+
+    def __call__(self, params, *frozen) -> dict[str, float]:
+        succ, rets, turns = self._play(self.sampler, params, frozen, self.batch_size)
+        greedy = float(np.mean(succ))
+        if self.sampled is not None:
+            per = max(1, self.batch_size // self.sampled.config.num_samples)  # seeds per sampled batch
+            succ, rets, turns = self._play(self.sampled, params, frozen, per)
         s = float(np.mean(succ))
-        return {"eval/success": s, "eval/accuracy": s, "eval/return": float(np.mean(rets)),
-                "eval/turns": float(np.mean(turns)), "eval/n": float(len(succ))}
+        out = {"eval/success": s, "eval/accuracy": s, "eval/return": float(np.mean(rets)),
+               "eval/turns": float(np.mean(turns)), "eval/n": float(len(succ))}
+        if self.sampled is not None:
+            out["eval/success_greedy"] = greedy
+        return out
 
 
 def solver_transcripts(spec, seeds, fmt, *, max_turns=None) -> list[tuple[list[int], list[bool]]]:
@@ -319,7 +341,8 @@ def run_agent(cfg: AgentRunConfig) -> dict:
     sampling = SamplingConfig(max_new_tokens=ro.max_new_tokens, num_samples=ro.num_samples,
                               temperature=ro.temperature, top_p=ro.top_p, stop_token_ids=(stop,), pad_token_id=pad)
     ev_kw = dict(context_len=e.context_len, length_buckets=tuple(ro.prompt_buckets), obs_buckets=tuple(ro.obs_buckets),
-                 max_turns=e.max_turns, step_timeout_s=e.step_timeout_s, batch_size=cfg.run.eval_batch_size)
+                 max_turns=e.max_turns, step_timeout_s=e.step_timeout_s, batch_size=cfg.run.eval_batch_size,
+                 samples=e.eval_samples)
     evaluate = EpisodeEvaluator(gd, spec, spec.split_seeds("eval", e.eval_episodes, 0), fmt, sampling, **ev_kw)
     tel = Telemetry(out, tensorboard=cfg.run.tensorboard, console_every=cfg.run.console_every, step_key="iteration")
     ckpt = Checkpointer(out / "ckpt", keep_last=cfg.run.keep_last)
@@ -414,6 +437,7 @@ def run_agent(cfg: AgentRunConfig) -> dict:
     stages = [("start", summary["eval_before"])] + ([("after SFT", summary["eval_after_sft"])]
                                                     if "eval_after_sft" in summary else [])
     stages.append(("after RL", summary["eval_after"]))
-    print(f"held-out success ({int(summary['eval_after']['eval/n'])} episodes, greedy): "
+    how = "greedy" if not e.eval_samples else f"sampled x {e.eval_samples}"
+    print(f"held-out success ({int(summary['eval_after']['eval/n'])} episodes, {how}): "
           + " -> ".join(f"{k} {v['eval/success']:.3f}" for k, v in stages) + f"  [{out}]", flush=True)
     return {k: v for k, v in summary.items() if k not in ("config", "eval_before_samples", "eval_after_samples")}

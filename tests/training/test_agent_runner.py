@@ -37,7 +37,20 @@ def test_agent_run_writes_everything_and_resumes(tmp_path, capsys):
     assert summary["steps"] == 3
 
 
+def test_sampled_held_out_evaluation(tmp_path, capsys):
+    """env.eval_samples=3: three sampled episodes per held-out seed (eval/n 24), the greedy
+    success reported next to it; the same key every time (the evaluation repeats itself)."""
+    out = tmp_path / "sampled"
+    over = [x for x in TINY if not x.startswith("run.steps")] + ["run.steps=1", "env.eval_samples=3"]
+    assert cli.main(["train", "agent_grid_gigpo", f"run.out={out}", *over]) == 0
+    assert "held-out success (24 episodes, sampled x 3)" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    ev = summary["eval_after"]
+    assert ev["eval/n"] == 24 and 0 <= ev["eval/success_greedy"] <= 1 and 0 <= ev["eval/success"] <= 1
+
+
 CASES = [
+    (["env.eval_samples=-1"], "env.eval_samples must be an int >= 0"),
     (["env.name=gird_world"], "env.name='gird_world'.*unknown environment family 'gird_world'"),
     (["rollout.obs_buckets=[16]"], "an observation can take .* more than the largest of rollout.obs_buckets=\\[16\\]"),
     (["env.context_len=64"], "env.context_len=64 has no room for a prompt of the smallest bucket"),
