@@ -345,9 +345,15 @@ def optimal_token_baseline(x, *, align: str = "position", handle_zero_tail: bool
                     note="GAE that bootstraps responses cut by the length budget (V(s_l) = V(s_{l-1})) instead of "
                          "scoring them; the paper's windowed successive sampling is not implemented")
 def egae(x, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> Advantages:
-    """T-PPO's Extended GAE with a learned critic; truncated responses are bootstrapped."""
-    adv, ret = core.egae_advantages(x["token_rewards"], x["values"], x["mask"], x["truncated"] > 0, gamma=gamma,
-                                    lam=lam, whiten=whiten)
+    """T-PPO's Extended GAE with a learned critic; truncated responses are bootstrapped (their
+    score is left out of the token rewards, a KL penalty in the reward stays)."""
+    m = x["mask"].astype(bool)
+    t = m.shape[1]
+    last = t - 1 - jnp.argmax(m[:, ::-1], axis=1)
+    at_last = (jnp.arange(t)[None] == last[:, None]) & m
+    trunc = x["truncated"] > 0
+    rewards = x["token_rewards"] - jnp.where(at_last & trunc[:, None], x["scores"][:, None], 0.0)
+    adv, ret = core.egae_advantages(rewards, x["values"], x["mask"], trunc, gamma=gamma, lam=lam, whiten=whiten)
     return Advantages(adv, ret)
 
 

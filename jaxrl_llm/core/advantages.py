@@ -144,12 +144,13 @@ def egae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.n
 
     For a finished response this is :func:`gae_advantages` (its reward on the last token, value
     0 after it). For a *truncated* one (cut by the length budget or a generation window before
-    its end) the outcome is not known yet: its token rewards are dropped and the value after the
-    last generated token is taken to equal the value at it, ``V(s_l) := V(s_{l-1})``, so
-    ``delta_{l-1} = (gamma - 1) V(s_{l-1})`` and ``A_t = sum_k (gamma lam)^k delta_{t+k}`` over the
-    generated part; with ``gamma = lam = 1``, ``A_t = V(s_{l-1}) - V(s_t)``. Returns ``A + V``
-    (truncated rows give no reliable value target: the critic's loss should skip them, as the
-    paper's value updates use completed responses only).
+    its end) the outcome is not known yet: the caller leaves it out of ``token_rewards`` (per-token
+    terms such as a KL penalty stay; the ``egae`` estimator does this) and the value after the
+    last generated token is taken to equal the value at it, ``V(s_l) := V(s_{l-1})``, so with no
+    per-token reward ``delta_{l-1} = (gamma - 1) V(s_{l-1})`` and ``A_t = sum_k (gamma lam)^k
+    delta_{t+k}`` over the generated part; with ``gamma = lam = 1``, ``A_t = V(s_{l-1}) - V(s_t)``.
+    Returns ``A + V``: for a truncated row a bootstrapped (TD) target; the paper trains its value
+    function on completed responses only, the library's critic trains on both.
 
     Paper: "Truncated Proximal Policy Optimization" (T-PPO), arXiv:2506.15050: the EGAE
     assumption ``V(s_l) = V(s_{l-1})`` as the paper's reviews quote it (no code was released). The
@@ -170,7 +171,7 @@ def egae_advantages(token_rewards: jnp.ndarray, values: jnp.ndarray, mask: jnp.n
     _check_discount("lam", lam)
     m = _checks.as_mask(mask)
     tr = jnp.asarray(truncated).astype(bool)
-    r = _checks.zero_outside(_checks.as_float(token_rewards), m) * (~tr)[:, None]
+    r = _checks.zero_outside(_checks.as_float(token_rewards), m)
     v = _checks.zero_outside(_checks.as_float(values), m)
     t = m.shape[1]
     last = t - 1 - jnp.argmax(m[:, ::-1] > 0, axis=1)

@@ -339,8 +339,13 @@ def drpo_loss(logp, old_logp, advantages, mask, *, scores, group_ids, lam: float
     _checks.check_seq_args(b, scores=scores)
     s, length = _disco_scores(lp, olp, m, "logL")
     width = _response_width(m) if max_length is None else jnp.asarray(max_length, jnp.float32)
-    w = sg(jnp.exp((1.0 - length / jnp.maximum(width, 1.0)) / lam))
     valid = _rows(m)
+    # the weights are normalised within each group's positives: subtract the group's largest
+    # exponent first (exp((1 - L / L_max) / lam) overflows float32 for lam below ~0.011)
+    z = (1.0 - length / jnp.maximum(width, 1.0)) / lam
+    pos = valid & (sg(_checks.as_float(scores)) == 1.0)
+    zmax = jax.ops.segment_max(jnp.where(pos, z, -jnp.inf), gid, b)
+    w = sg(jnp.where(pos, jnp.exp(z - jnp.where(jnp.isfinite(zmax), zmax, 0.0)[gid]), 0.0))
     j, live, n_groups = _discriminative(s, sg(_checks.as_float(scores)), valid, gid, b, tau, "disco", pos_weight=w)
     penalty, kappa = _kl_constraint(lp, olp, m, kl, beta, delta)
     loss = -safe_divide(jnp.sum(j), n_groups) + penalty

@@ -429,12 +429,17 @@ def test_egae_bootstraps_truncated_rows_and_is_gae_otherwise():
     v = np.array([[.5, .6, .55, .7]], np.float32)
     m = np.ones((1, 4), np.float32)
     r = np.array([[0, 0, 0, 1.]], np.float32)
-    adv, _ = C.egae_advantages(r, v, m, np.array([True]), 1.0, 0.95, whiten=False)
-    np.testing.assert_allclose(adv[0], [0.187875, 0.0925, 0.15, 0.0], atol=1e-6)  # V(s_l) := V(s_{l-1}), reward dropped
+    none = np.zeros_like(r)  # a truncated row: its outcome is unknown, the caller leaves it out
+    adv, _ = C.egae_advantages(none, v, m, np.array([True]), 1.0, 0.95, whiten=False)
+    np.testing.assert_allclose(adv[0], [0.187875, 0.0925, 0.15, 0.0], atol=1e-6)  # V(s_l) := V(s_{l-1})
     fin, _ = C.egae_advantages(r, v, m, np.array([False]), 1.0, 0.95, whiten=False)
     np.testing.assert_allclose(fin, C.gae_advantages(r, v, m, 1.0, 0.95, whiten=False)[0], atol=1e-6)
-    lam1, _ = C.egae_advantages(r, v, m, np.array([True]), 1.0, 1.0, whiten=False)
+    lam1, _ = C.egae_advantages(none, v, m, np.array([True]), 1.0, 1.0, whiten=False)
     np.testing.assert_allclose(lam1[0], 0.7 - v[0], atol=1e-6)  # gamma = lam = 1: V(s_{l-1}) - V(s_t)
+    # per-token rewards of a truncated row (a KL penalty in the reward) are kept
+    kl = np.array([[-0.1, 0.0, -0.2, 0.0]], np.float32)
+    with_kl, _ = C.egae_advantages(kl, v, m, np.array([True]), 1.0, 1.0, whiten=False)
+    np.testing.assert_allclose(with_kl[0], 0.7 - v[0] + np.cumsum(kl[0][::-1])[::-1], atol=1e-6)
     # ragged rows, one truncated and one finished, whitened together = GAE where nothing is truncated
     m2 = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], np.float32)
     r2 = np.array([[0, 0, 1, 0], [0, 0, 0, 1]], np.float32)

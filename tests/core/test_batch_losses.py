@@ -138,6 +138,9 @@ def test_drpo_hand_values_and_properties():
     assert g[0, 0] < 0 and g[3, 0] < 0 and abs(g[0, :3].sum()) > abs(g[3, :4].sum())
     close(C.drpo_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0, lam=1e9)[0],
           C.disco_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0)[0], 1e-5)
+    # a tiny lam (exp(1 / lam) overflows float32): all the weight on the shortest correct answer, finite
+    tiny = C.drpo_loss(lp, lp, np.zeros_like(m), m, scores=SC, group_ids=G0, lam=0.001)[0]
+    close(tiny, -(-0.5 - neg))
     # the response width is the batch's: columns from the first response position (after a prompt of 2)
     pad = np.concatenate([np.zeros((4, 2), np.float32), m], 1)
     close(C.drpo_loss(np.concatenate([np.zeros((4, 2), np.float32), lp], 1),
