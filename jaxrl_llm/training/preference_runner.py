@@ -70,6 +70,9 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
     if p.source == "spin" and not obj.needs_reference:
         raise ConfigError(f"pairs.source=spin trains against the previous iterate as the reference; loss {obj.name!r} "
                           f"has none (use recipe.name=spin or a reference-based loss)")
+    if p.source == "spin" and not obj.paired:
+        raise ConfigError(f"pairs.source=spin plays the reference answer against the policy's own sample as a "
+                          f"pair; loss {obj.name!r} takes unpaired rows (use a paired loss: spin, dpo, ipo, ...)")
     if p.source not in ("self", "spin"):
         for key, path in (("pairs.source", p.source), ("pairs.eval_source", p.eval_source)):
             if not path:
@@ -206,6 +209,14 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     return trainer, hist, pref_eval, eval_fn
 
 
+def _preempted(report: dict, out: Path, phase: str, step: int) -> dict:
+    """The summary of a run stopped by SIGTERM in ``phase``: no final parameters, no control;
+    re-running the same config resumes from the phase's checkpoint."""
+    report.update(preempted=True, preempted_phase=phase, preempted_step=step)
+    (out / "summary.json").write_text(json.dumps(jsonable(report), indent=1))
+    return report
+
+
 def run_preference(cfg: PreferenceRunConfig) -> dict:
     """Run (or resume) the preference experiment ``cfg``; returns the summary (also ``summary.json``).
     With ``pairs.source="spin"`` and ``pairs.iterations > 1`` the preference phase is SPIN's
@@ -247,6 +258,8 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
     sft.restore()
     t0 = time.perf_counter()
     hist = sft.run(s.steps)
+    if sft.iteration < s.steps:  # preempted (SIGTERM): the checkpoint is saved; re-running resumes here
+        return _preempted(report, out, "sft", sft.iteration)
     report["sft"] = {"nll": hist[-1]["sft/nll"] if hist else None, "seconds": time.perf_counter() - t0}
     sft_params = sft.state.params
     report["eval_after_sft"] = evaluate(sft_params)
@@ -283,6 +296,10 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
             report["pairs_before"] = pref_eval(sft_params)
         hist_all += hist
         current = trainer.state.params
+        if trainer.iteration < cfg.run.steps:  # preempted: stop before the next iteration's pairs
+            tel.close()
+            return _preempted(report, out, "preference" if p.iterations == 1 else f"spin iteration {it}",
+                              trainer.iteration)
     tel.close()
     first, last = hist_all[0], hist_all[-1]
     report["preference"] = {"seconds": time.perf_counter() - t0, "objective": objective.name,

@@ -50,9 +50,23 @@ def tiny(tmp_path, **pairs):
                     export_hf=False, plot=False, log_samples_every=0, progress=False))
 
 
-def test_spin_iterations_train_against_the_previous_iterate_and_resume(tmp_path):
+def test_spin_iterations_train_against_the_previous_iterate_and_resume(tmp_path, monkeypatch):
+    from jaxrl_llm.training import checkpoint
+
     cfg = tiny(tmp_path)
-    out = run_preference(cfg)
+    calls = []
+
+    def sigterm_at_preference_step_2(self):  # 30 SFT steps, then the preference steps
+        calls.append(1)
+        return len(calls) == 32
+    monkeypatch.setattr(checkpoint.PreemptionGuard, "should_stop", sigterm_at_preference_step_2)
+    cut = run_preference(cfg)  # pre-empted in iteration 0: stops there, no next iteration, no final policy
+    assert cut["preempted"] and cut["preempted_phase"] == "spin iteration 0" and cut["preempted_step"] == 2
+    assert not (tmp_path / "spin" / "ckpt_spin1").exists() and not (tmp_path / "spin" / "final_params").exists()
+    assert json.loads((tmp_path / "spin" / "summary.json").read_text())["preempted"]
+    monkeypatch.undo()
+    out = run_preference(cfg)  # resumes iteration 0 at step 2, then iteration 1
+    assert "preempted" not in out
     rows = [json.loads(x) for x in (tmp_path / "spin" / "metrics.jsonl").read_text().splitlines()]
     its = [r["spin/iteration"] for r in rows if "spin/iteration" in r]
     assert sorted(set(its)) == [0, 1] and len(its) == 8
@@ -74,5 +88,8 @@ def test_spin_config_errors():
     with pytest.raises(ConfigError, match="pairs.source=spin trains against the previous iterate"):
         check_preference(dataclasses.replace(base, pairs=PairsSpec(source="spin"),
                                              recipe=PreferenceRecipeSpec(name="simpo")))
+    with pytest.raises(ConfigError, match="loss 'kto' takes unpaired rows"):
+        check_preference(dataclasses.replace(base, pairs=PairsSpec(source="spin"),
+                                             recipe=PreferenceRecipeSpec(name="kto")))
     with pytest.raises(ConfigError, match="pairs.iterations must be >= 1"):
         check_preference(dataclasses.replace(base, pairs=PairsSpec(source="spin", iterations=0)))
