@@ -214,7 +214,8 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.data * m_.fsdp * m_.tensor)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-    return {"params": n_params, "rows_per_step": cfg.rollout.prompts_per_step * cfg.rollout.num_samples,
+    variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget
+    return {"params": n_params, "rows_per_step": cfg.rollout.prompts_per_step * variants * cfg.rollout.num_samples,
             "mesh": dataclasses.asdict(cfg.mesh), "model": model_cfg.to_dict(), "recipe": to_dict(rec.spec)}
 
 

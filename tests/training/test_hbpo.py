@@ -40,7 +40,11 @@ def _cfg(tmp_path, budgets=(4, 8)):
 def test_hbpo_config_checks(tmp_path):
     from jaxrl_llm.training.runner import check_rl
 
-    assert check_rl(_cfg(tmp_path))["rows_per_step"] == 8
+    from jaxrl_llm.training.runner import RecipeSpec
+
+    cfg = _cfg(tmp_path)
+    base = check_rl(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, budgets=()), recipe=RecipeSpec()))
+    assert check_rl(_cfg(tmp_path))["rows_per_step"] == 2 * base["rows_per_step"]  # two budget variants
     with pytest.raises(ConfigError, match="recipe.advantage=hbpo reads budgets \\[4, 8\\] by prompt group; "
                                           "data.budgets must be the same"):
         check_rl(_cfg(tmp_path, budgets=(4,)))
