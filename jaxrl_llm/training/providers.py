@@ -232,7 +232,12 @@ def _mc_values(tr, step: StepBatch) -> None:
     sampling policy gave probability below ``threshold``; the estimator's arguments), ``rollouts``
     continuations sampled from each cut prefix with the current policy, scored by the run's reward
     functions on the whole completion (prefix + continuation, cut to the length budget), and the
-    mean reward written at the cut: ``mc_cuts`` / ``mc_values`` (target-aligned)."""
+    mean reward written at the cut: ``mc_cuts`` / ``mc_values`` (target-aligned). The values are of
+    the reward functions' totals, so the recipe may not shape rewards (``build_recipe`` refuses).
+    On several hosts every process holds the same global batch (the loop's convention), so every
+    process finds the same cut points and samples the same continuations in the same collective
+    sampler calls; as for the step's own completions, each process scores a contiguous share of
+    the cut points' continuations and the totals are exchanged."""
     from jaxrl_llm.core.segments import spo_cut_points
     from jaxrl_llm.rollout.sampler import Sampler
     from jaxrl_llm.training.rl import to_target_aligned
@@ -271,13 +276,32 @@ def _mc_values(tr, step: StepBatch) -> None:
                 prompts.append(step.prompts[group[i]])
                 for k in step.columns:
                     cols[k].append(step.columns[k][group[i]])
-        out = tr.rewards(prompts, texts, completion_ids=ids, completion_lengths=[len(x) for x in ids],
-                         group_ids=np.repeat(np.arange(len(rows)), n).tolist(), **cols)
-        values[rows, ts] = np.asarray(out.total, np.float32).reshape(len(rows), n).mean(axis=1)
+        totals = _score_split(tr, n, prompts, texts, ids, cols)
+        values[rows, ts] = totals.reshape(len(rows), n).mean(axis=1)
     step.arrays["mc_cuts"] = to_target_aligned(cuts.astype(np.float32), p)
     step.arrays["mc_values"] = to_target_aligned(values, p)
     step.metrics.update({"mc/cut_points_per_response": float(cuts[step.valid].sum(1).mean()) if step.valid.any()
                          else 0.0, "mc/rollouts": float(len(rows) * n), "time/mc_values": time.perf_counter() - t0})
+
+
+def _score_split(tr, n: int, prompts: list, texts: list, ids: list, cols: dict) -> np.ndarray:
+    """``[len(texts)]`` reward totals of continuations in blocks of ``n`` (one block per cut point);
+    with several processes each scores a contiguous share of the blocks and the totals are
+    exchanged, so every process ends with the same values."""
+    from jaxrl_llm.parallel.multihost import allgather_objects
+
+    blocks = len(texts) // n
+    n_proc = jax.process_count()
+    bounds = np.linspace(0, blocks, n_proc + 1).round().astype(int) * n
+    lo, hi = (0, len(texts)) if n_proc == 1 else (bounds[jax.process_index()], bounds[jax.process_index() + 1])
+    mine = np.zeros(0, np.float32)
+    if hi > lo:
+        out = tr.rewards(prompts[lo:hi], texts[lo:hi], completion_ids=ids[lo:hi],
+                         completion_lengths=[len(x) for x in ids[lo:hi]],
+                         group_ids=np.repeat(np.arange(lo // n, hi // n), n).tolist(),
+                         **{k: v[lo:hi] for k, v in cols.items()})
+        mine = np.asarray(out.total, np.float32)
+    return mine if n_proc == 1 else np.concatenate(allgather_objects(mine))
 
 
 PROVIDERS["mc_values"] = _mc_values

@@ -415,6 +415,10 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
 
     sh = _optional(SHAPING, s.shaping, "recipe.shaping")
     shaping = () if sh is None else (sh,)
+    _need(sh is None or "mc_values" not in est.part.requires,
+          f"recipe.advantage={est.name} compares the final reward with Monte-Carlo values of unshaped rewards (the "
+          f"reward functions on sampled continuations); recipe.shaping={sh.name if sh else ''} would put the two on "
+          f"different scales: shape the reward inside a reward function instead")
     gf_part = GROUP_FILTERS[s.group_filter.name]
     try:
         group_filter = gf_part.fn(**gf_part.kwargs(s.group_filter.args, key="recipe.group_filter"))

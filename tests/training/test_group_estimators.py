@@ -143,6 +143,53 @@ def test_monte_carlo_values_at_cut_points(name):
     assert 0 < m["advantages/loss_token_frac"] <= 1
 
 
+def test_monte_carlo_scores_are_split_by_cut_point_across_processes(monkeypatch):
+    """With several processes each scores a contiguous share of the cut points' continuation
+    blocks (never splitting a block) and every process ends with every total, in order."""
+    import jax
+
+    from jaxrl_llm.parallel import multihost
+    from jaxrl_llm.training import providers
+
+    n, blocks = 3, 7
+    texts = [f"t{i}" for i in range(n * blocks)]
+    seen = []
+
+    class Tr:
+        @staticmethod
+        def rewards(prompts, completions, completion_ids, completion_lengths, group_ids, **cols):
+            seen.append((list(completions), list(group_ids), list(cols["answer"])))
+            return type("O", (), {"total": [float(c[1:]) for c in completions]})()
+    args = (Tr, n, [f"p{i // n}" for i in range(len(texts))], texts, [[i] for i in range(len(texts))],
+            {"answer": list(range(len(texts)))})
+    one = providers._score_split(*args)
+    np.testing.assert_array_equal(one, np.arange(len(texts), dtype=np.float32))
+    shares = {}
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    monkeypatch.setattr(multihost, "allgather_objects", lambda obj: [shares.get(i, obj) for i in range(3)])
+    for i in (1, 2, 0):  # process 0 last: by then the fake exchange holds the others' shares
+        monkeypatch.setattr(jax, "process_index", lambda i=i: i)
+        seen.clear()
+        out = providers._score_split(*args)
+        (got,) = seen
+        shares[i] = np.asarray([float(c[1:]) for c in got[0]], np.float32)
+        assert len(got[0]) % n == 0 and got[2] == [int(c[1:]) for c in got[0]]  # whole blocks, their columns
+        assert got[1] == [int(c[1:]) // n for c in got[0]]  # a block's rows share a group id
+    np.testing.assert_array_equal(out, one)
+    assert sorted(len(v) // n for v in shares.values()) == [2, 2, 3]
+
+
+def test_monte_carlo_estimators_refuse_reward_shaping():
+    from jaxrl_llm.algorithms import RegistryError
+    from jaxrl_llm.training.configs import RecipeSpec
+    from jaxrl_llm.training.recipes import build_recipe
+    from jaxrl_llm.config import Choice
+
+    with pytest.raises(RegistryError, match="recipe.shaping=overlong would put the two on different scales"):
+        build_recipe(RecipeSpec(advantage=Choice("spo_chain"), shaping=Choice("overlong", {"buffer": 4})),
+                     num_samples=4)
+
+
 def test_prompt_confidence_is_the_prompts_least_likely_tokens():
     """ProGRPO's prompt input: the mean log-prob of the least likely fifth of each prompt's tokens
     under the policy before the update, from a teacher-forced pass over the prompt."""
