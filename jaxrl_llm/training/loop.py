@@ -292,7 +292,27 @@ class RLTrainer(HostLoop):
         mask = np.asarray(roll.mask).astype(bool) & (np.arange(np.shape(roll.mask)[1])[None] < new[:, None])
         roll = roll._replace(mask=mask, lengths=new.astype(np.asarray(roll.lengths).dtype),
                              stopped=np.asarray(roll.stopped) & ~cut)
-        return roll, self.score(batch.prompts, batch.columns, roll, g), int(cut.sum())
+        # score again only the groups with a cut response (whole groups: reward functions see
+        # group ids), the other rows keep their scores
+        groups = np.flatnonzero(cut.reshape(-1, g).any(axis=1))
+        rows = (groups[:, None] * g + np.arange(g)[None]).reshape(-1)
+        sub = type(roll)(*(np.asarray(x)[rows] for x in roll))
+        again = self.score([batch.prompts[i] for i in groups],
+                           {k: [list(v)[i] for i in groups] for k, v in batch.columns.items()}, sub, g)
+        total = np.array(out.total, copy=True)
+        total[rows] = again.total
+        per_fn, failed = {}, {}
+        for k in out.per_fn:
+            per_fn[k] = np.array(out.per_fn[k], copy=True)
+            per_fn[k][rows] = again.per_fn[k]
+            failed[k] = np.array(out.failed[k], copy=True)
+            failed[k][rows] = again.failed[k]
+        keep = np.ones(len(total), bool)
+        keep[rows] = False
+        # metrics: means and stds of the final scores; counts and seconds of both calls
+        first = RewardOutput(total[keep], {k: v[keep] for k, v in per_fn.items()}, {}, out.metrics)
+        merged = _merge_reward_metrics([first, again])
+        return roll, RewardOutput(total, per_fn, failed, merged), int(cut.sum())
 
     # ------------------------------------------------------------------ phases
 

@@ -111,7 +111,11 @@ def always(prompts, completions, **_):
     return [1.0] * len(completions)
 
 
-def length_frac(prompts, completions, completion_ids, **_):
+CALLS: list[list] = []
+
+
+def length_frac(prompts, completions, completion_ids, group_ids, **_):
+    CALLS.append(list(group_ids))
     return [len(ids) / 6 for ids in completion_ids]
 
 
@@ -122,9 +126,17 @@ def test_dot_truncation_cuts_outliers_and_scores_them_again():
               truncation={"name": "dot", "metric": "always", "alpha": 0.3, "min_cut": 1})
     cut = 0
     for _ in range(3):
+        CALLS.clear()
         m = tr.step()
         cut += m["truncation/responses"]
         b = tr.last_batch
+        # the round is scored once, then only the groups holding a cut response, whole, again
+        assert sorted(CALLS[0]) == sorted(np.repeat(np.arange(len(CALLS[0]) // 4), 4).tolist())
+        if m["truncation/responses"]:
+            assert len(CALLS) == 2 and 0 < len(CALLS[1]) < len(CALLS[0])
+            assert all(CALLS[1].count(x) == 4 for x in CALLS[1])
+        else:
+            assert len(CALLS) == 1
         p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
         lens = b["completion_mask"].sum(1)
         np.testing.assert_allclose(b["scores"], 1.0 + lens / 6, atol=1e-6)  # the rewards of what is trained on
