@@ -100,11 +100,20 @@ def posterior(x: ShapingInputs, *, format_metric: str, outcome_metric: str, thin
     return _replace(x, r)
 
 
+_EMPTY = ("<no answer>",)  # a key no extracted answer equals
+
+
 def empo(x: ShapingInputs, *, threshold: bool = True, empty_reward_zero: bool = True) -> np.ndarray:
-    """EMPO: the share of the group with the same final answer (no label needed)."""
+    """EMPO: the share of the group with the same final answer (no label needed). With
+    ``empty_reward_zero`` (the authors' TRL version) a group's responses without an answer form
+    one cluster that counts in the shares and the entropy threshold and is rewarded 0; without
+    it (their verl version) each is a cluster of its own rewarded ``1/G``."""
     keys = final_answer(list(x.completions))
-    ids = cluster_ids(keys, np.asarray(x.group_ids))
-    empty = np.array([k is None for k in keys]) if empty_reward_zero else None
+    empty = np.array([k is None for k in keys])
+    if empty_reward_zero:  # the authors' TRL version: the group's empty answers are one cluster ("")
+        keys = [_EMPTY if k is None else k for k in keys]
+    ids = cluster_ids(keys, np.asarray(x.group_ids))  # (verl version: each empty answer a cluster of its own)
+    empty = empty if empty_reward_zero else None
     r = core.empo_reward(jnp.asarray(ids), *_g(x), empty=None if empty is None else jnp.asarray(empty),
                          threshold=threshold)
     return _replace(x, r)

@@ -83,6 +83,12 @@ def test_shaping_parts_write_the_methods_rewards():
                                                                   thinking_metric="think"), [2.8, 1, 0, 2.4], atol=1e-6)
     x = _inputs([0] * 4, [1] * 4, texts=["so 2", "#### 2", "3", "no answer"])
     np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x), [0.5, 0.5, 0.25, 0])
+    # two empty answers: one cluster in the entropy (authors' TRL version), so the group is not
+    # "all distinct" and the answers keep their shares; verl's version: each empty its own cluster
+    x = _inputs([0] * 4, [1] * 4, texts=["so 2", "3", "no answer", "nothing"])
+    np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x), [0.25, 0.25, 0, 0])
+    np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x, empty_reward_zero=False), [0, 0, 0, 0])
+    np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x, empty_reward_zero=False, threshold=False), [.25] * 4)
     x = _inputs([1, 0, 0, 1], [1] * 4)
     np.testing.assert_allclose(x.scores + SHAPING["self_play"].fn(x), [5 / 6, 1 / 6, 1 / 6, 5 / 6], atol=1e-6)
     x = _inputs([1, 1, 1, 0, 1, 0, 0, 0], [3, 5, 2, 4, 3, 5, 2, 4])
