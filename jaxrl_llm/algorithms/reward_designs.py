@@ -48,7 +48,9 @@ def _g(x: ShapingInputs):
 
 def thinkless(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, short_tag: str = "<short>",
               short_reward: float = 1.0, think_reward: float = 0.5, wrong_reward: float = -1.0) -> np.ndarray:
-    """Thinkless's mode reward: the completion's mode is short when it starts with ``short_tag``."""
+    """Thinkless's mode reward: the completion's mode is short when it starts with ``short_tag``
+    (the text is decoded with special tokens kept: the authors add ``<short>`` / ``<think>`` to
+    the vocabulary as control tokens)."""
     short = np.array([c.lstrip().startswith(short_tag) for c in x.completions], bool)
     r = core.thinkless_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(short),
                               short_reward=short_reward, think_reward=think_reward, wrong_reward=wrong_reward)
@@ -151,7 +153,8 @@ def hbpo(x: ShapingInputs, *, budgets: tuple = HBPO_BUDGETS, metric: str | None 
 _TEXT = (("needs_text", True),)
 for _part in (
     Part("thinkless", thinkless, paper="Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
-         core=("thinkless_reward",), methods=(136,), verified="hand values", tests=_T, flags=_TEXT,
+         core=("thinkless_reward",), methods=(136,), verified="hand values", tests=_T,
+         flags=(("needs_text", "raw"),),  # the control tokens are often special tokens
          note="short-correct 1, think-correct 0.5, wrong -1 (the authors' values); with recipe.loss=thinkless"),
     Part("grpo_lambda", grpo_lambda, paper="Stable Reinforcement Learning for Efficient Reasoning (GRPO-lambda), "
                                            "arXiv:2505.18086",

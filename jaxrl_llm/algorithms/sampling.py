@@ -32,7 +32,8 @@ class ShapingInputs:
     ``scores [N]`` the reward total, ``lengths [N]`` completion lengths in tokens,
     ``group_ids [N]`` and ``num_groups``, ``max_new_tokens`` the sampler's budget, ``per_fn`` the
     score of each reward function (``NaN`` where a function does not apply), ``completions`` the
-    decoded completions (given to parts flagged ``needs_text``, else empty)."""
+    decoded completions (given to parts flagged ``needs_text``, else empty; flag value ``"raw"``:
+    decoded with special tokens kept, e.g. control tokens added to the vocabulary)."""
 
     scores: np.ndarray
     lengths: np.ndarray

@@ -266,13 +266,20 @@ class RLTrainer(HostLoop):
     def shape(self, out, roll, num_groups: int) -> np.ndarray:
         """``[N]`` float32 scores after the recipe's shaping (added to the reward total)."""
         scores = np.asarray(out.total, np.float32)
-        texts: tuple[str, ...] = ()
-        if any(sh.part.flag("needs_text") for sh in self.recipe.shaping):
-            toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
-            texts = tuple(self.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=True) for i in range(len(toks)))
+        decoded: dict[bool, tuple[str, ...]] = {}
+
+        def texts(flag) -> tuple[str, ...]:  # needs_text=True: plain text; "raw": special tokens kept
+            if not flag:
+                return ()
+            skip = flag != "raw"
+            if skip not in decoded:
+                toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+                decoded[skip] = tuple(self.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=skip)
+                                      for i in range(len(toks)))
+            return decoded[skip]
         for sh in self.recipe.shaping:
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), num_groups,
-                              self.sampler.config.max_new_tokens, out.per_fn, texts)
+                              self.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")))
             scores = (scores + np.asarray(sh(x))).astype(np.float32)
         return scores
 

@@ -44,6 +44,23 @@ def test_presets_run_two_steps(name, kw):
         assert any(k.startswith("policy/") for k in hist[-1])
 
 
+def test_thinkless_reads_the_mode_from_the_control_token_kept_in_the_text():
+    """The control token is a special token: a plain decode drops it, the shaping must see it."""
+    from test_rl_recipes_extra import TARGET
+
+    class SpecialTok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join("" if i == TARGET and skip_special_tokens else "<short>" if i == TARGET else f"t{i} "
+                           for i in map(int, ids))
+    tr = make("grpo", g=4, reward=[always], shaping={"name": "thinkless"})
+    tr.tokenizer = SpecialTok()
+    tr.step()
+    b = tr.last_batch
+    first = b["tokens"][np.arange(len(b["tokens"])), b["tokens"].shape[1] - b["completion_mask"].shape[1]]
+    assert (first == TARGET).any() and (first != TARGET).any()
+    np.testing.assert_allclose(b["scores"], np.where(first == TARGET, 1.0, 0.5))  # short-correct 1, think 0.5
+
+
 def test_disco_minibatches_hold_whole_groups_and_match_one_minibatch():
     """With two mini-batches of whole groups and one epoch on-policy, the coupled loss of each
     mini-batch is DisCO over its groups; the run completes and the logged objective is finite."""
