@@ -385,16 +385,24 @@ def _forward_tokens(graphdef, chunk_size, params, frozen, tokens, mask):
 
 
 def _add_token_weights(objective: PreferenceObjective, arrays: dict, graphdef: Any, ref_params: Any,
-                       aux_params: Any, frozen: tuple) -> dict:
+                       aux_params: Any, frozen: tuple, microbatches: int = 1) -> dict:
     """TGDPO: ``token_weights [B, 2, L - 1]`` from the auxiliary (token-reward) model and the
-    reference, and ``ref_logps`` as the same token-weighted sums."""
+    reference, and ``ref_logps`` as the same token-weighted sums. The forward passes run on
+    ``1 / microbatches`` of the rows at a time (the trainer's ``ref_microbatches``)."""
     kw = dict(objective.loss.kwargs) if hasattr(objective.loss, "kwargs") else {}
     tokens, mask, lm = (np.asarray(arrays[k]) for k in ("tokens", "mask", "loss_mask"))
     b, _, n = tokens.shape
     flat_t, flat_m = tokens.reshape(-1, n), mask.reshape(-1, n)
-    ref = np.asarray(_forward_tokens(graphdef, objective.chunk_size, ref_params, tuple(frozen), flat_t, flat_m))
-    aux = np.asarray(_forward_tokens(graphdef, objective.chunk_size, aux_params, tuple(frozen), flat_t, flat_m))
-    ref, aux = ref.reshape(b, 2, n - 1), aux.reshape(b, 2, n - 1)
+    rows = flat_t.shape[0]
+    if rows % microbatches:
+        raise ValueError(f"{rows} rows are not divisible into {microbatches} reference micro-batches")
+    k = rows // microbatches
+
+    def token_logps(params):
+        return np.concatenate([np.asarray(_forward_tokens(graphdef, objective.chunk_size, params, tuple(frozen),
+                                                          flat_t[i:i + k], flat_m[i:i + k]))
+                               for i in range(0, rows, k)])
+    ref, aux = token_logps(ref_params).reshape(b, 2, n - 1), token_logps(aux_params).reshape(b, 2, n - 1)
     ww, wl = core.tgdpo_token_weights(aux[:, 0], ref[:, 0], aux[:, 1], ref[:, 1], alpha=kw.get("alpha", 0.5),
                                       beta=kw.get("beta", 0.1))
     w = np.stack([np.asarray(ww), np.asarray(wl)], axis=1).astype(np.float32)
@@ -497,7 +505,7 @@ class PreferenceTrainer(HostLoop):
         _check_batch_kind(self.objective, batch)
         if self.objective.token_weighted:
             return _add_token_weights(self.objective, preference_arrays(batch), self.graphdef, self.ref_params,
-                                      self.aux_params, self.frozen)
+                                      self.aux_params, self.frozen, self.logps.microbatches)
         return _add_reference(self.objective, preference_arrays(batch), self.logps, self.ref_params,
                               self.state.params, self.frozen, self.kto_reference_point)
 

@@ -52,6 +52,12 @@ def test_tgdpo_weighted_sums_equal_the_per_token_formula_and_alpha_zero_is_dpo()
     want = core.tgdpo_loss(lp[:, 0], lp[:, 1], lr[:, 0], lr[:, 1], la[:, 0], la[:, 1], arrays["loss_mask"][:, 0],
                            arrays["loss_mask"][:, 1], alpha=2.0, beta=0.1)
     np.testing.assert_allclose(float(loss), float(jnp.mean(want.losses)), rtol=1e-5)
+    # in micro-batches (3 pairs = 6 rows, 3 passes of 2): the same arrays
+    split = _add_token_weights(obj, arrays, gd, ref, aux, (), 3)
+    for k in ("token_weights", "ref_logps"):
+        np.testing.assert_allclose(split[k], full[k], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="6 rows are not divisible into 4 reference micro-batches"):
+        _add_token_weights(obj, arrays, gd, ref, aux, (), 4)
     # alpha = 0: every weight is 1 and the loss is DPO's
     zero = _add_token_weights(preference_recipe("tgdpo", alpha=0.0), arrays, gd, ref, aux, ())
     assert np.all(zero["token_weights"][arrays["loss_mask"]] == 1.0)
