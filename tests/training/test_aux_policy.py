@@ -78,6 +78,19 @@ def test_rto_reads_the_auxiliary_policy_in_the_loop():
     assert "aux_logp" in b and np.isfinite(m["critic/vf_loss"])
     lm = b["loss_mask"]
     assert np.any(b["aux_logp"][lm] != b["ref_logp"][lm])  # a different policy
+    # the advantages: GAE on the token rewards (the score on the last token minus the KL in the
+    # reward) plus RTO's dense DPO rewards, with the critic's values at rollout time
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    cm = b["completion_mask"]
+    last = cm.shape[1] - 1 - np.argmax(cm[:, ::-1], axis=1)
+    rewards = np.zeros(cm.shape, np.float32)
+    rewards[np.arange(len(last)), last] = b["scores"]
+    rewards -= 0.05 * (b["old_logp"] - b["ref_logp"])[:, p - 1:]  # k1 in the reward, PPO_KW's coefficient
+    dense = core.rto_token_rewards(b["aux_logp"][:, p - 1:], b["ref_logp"][:, p - 1:], cm, scale=0.5, clip=0.2)
+    want, _ = core.gae_advantages(np.where(cm, rewards + np.asarray(dense), 0.0), b["old_values"][:, p - 1:], cm,
+                                  gamma=1.0, lam=0.95, whiten=True)
+    assert np.abs(np.asarray(dense)[cm]).max() > 0
+    np.testing.assert_allclose(b["advantages"][:, p - 1:], np.asarray(want), atol=1e-5)
     with pytest.raises(ValueError, match="pass aux_params"):
         make("ppo", **{**kw, "aux": False})
 

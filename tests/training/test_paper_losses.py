@@ -65,8 +65,23 @@ def test_disco_minibatches_hold_whole_groups_and_match_one_minibatch():
     """With two mini-batches of whole groups and one epoch on-policy, the coupled loss of each
     mini-batch is DisCO over its groups; the run completes and the logged objective is finite."""
     tr = make("disco", g=4, reward=[binary], num_minibatches=2)
+    seen, step = [], tr.train_step
+
+    def recording_step(state, arrays, *frozen):
+        seen.append({k: np.asarray(arrays[k]) for k in ("group_ids", "scores", "tokens")})
+        return step(state, arrays, *frozen)
+    tr.train_step = recording_step
     m = tr.step()
     assert np.isfinite(m["policy/disco_kl"]) and m["policy/disco_groups"] >= 0
+    b = tr.last_batch
+    assert len(seen) == 2
+    full = {tuple(sorted(map(bytes, b["tokens"][b["group_ids"] == gid]))) for gid in np.unique(b["group_ids"])}
+    got = set()
+    for mb in seen:  # each mini-batch: groups numbered 0..k-1, 4 rows each, every one a whole group of the batch
+        ids, counts = np.unique(mb["group_ids"], return_counts=True)
+        assert ids.tolist() == list(range(len(ids))) and np.all(counts == 4)
+        got |= {tuple(sorted(map(bytes, mb["tokens"][mb["group_ids"] == gid]))) for gid in ids}
+    assert got == full
 
 
 @pytest.mark.slow
@@ -126,8 +141,14 @@ def test_shaping_parts_run_in_the_loop(shaping):
 def test_hdpo_reads_the_reward_functions():
     tr = make("grpo", g=4, reward=[binary, calls], loss={"name": "hdpo", "answer_index": 0, "calls_index": 1})
     m = [tr.step() for _ in range(2)][-1]
-    assert np.isfinite(m["policy/hdpo_acc_loss"]) and m["policy/hdpo_tool_rows"] >= 0
-    assert tr.last_batch["component_scores"].shape[1] == 2
+    b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    ids = [row[p:][cm].tolist() for row, cm in zip(b["tokens"], b["completion_mask"])]
+    np.testing.assert_array_equal(b["component_scores"], np.stack([binary(None, None, ids), calls(None, None, ids)], 1))
+    _, a_tool = core.hdpo_advantages(b["component_scores"][:, 0], np.ones(len(ids), np.float32),
+                                     b["component_scores"][:, 1], b["group_ids"], len(ids))
+    assert np.isfinite(m["policy/hdpo_acc_loss"])
+    assert m["policy/hdpo_tool_rows"] == np.sum(np.asarray(a_tool) != 0)  # one mini-batch of the whole batch
 
 
 def always(prompts, completions, **_):
