@@ -252,15 +252,19 @@ PRESETS: dict[str, Preset] = {
     # (the squared-hinge constraint is to the sampling policy), 8 samples, whole groups per mini-batch
     "disco": Preset(_spec("disco", "grpo", Choice("disco"), "token-mean"), 8,
                     "DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained Optimization, "
-                    "arXiv:2505.12366", "binary rewards; score logL, tau 10, beta 1e3, delta 1e-4"),
+                    "arXiv:2505.12366", "binary rewards; score logL, tau 10, beta 1e3, delta 1e-4"
+                    "; old log-probs from the sampler (the authors' verl recomputes them: recipe.old_logp=recompute)"),
     "drpo": Preset(_spec("drpo", "grpo", Choice("drpo"), "token-mean"), 8,
                    "DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization, arXiv:2510.04474",
-                   "binary rewards; lam 0.1 over the response budget"),
+                   "binary rewards; lam 0.1 over the response budget"
+                   "; old log-probs from the sampler (the authors' verl recomputes them: recipe.old_logp=recompute)"),
     # BAPO: GRPO advantages, the searched clip bounds, several mini-batches per rollout batch (the
     # paper's staleness; its script: 2 epochs of 4 mini-batches)
     "bapo": Preset(_spec("bapo", "grpo", Choice("bapo"), "token-mean", epochs=2, num_minibatches=4), 16,
                    "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy Optimization "
-                   "with Adaptive Clipping, arXiv:2510.18927"),
+                   "with Adaptive Clipping, arXiv:2510.18927",
+                   "2 epochs of 4 mini-batches (the paper's staleness); old log-probs from the sampler (the "
+                   "authors' verl recomputes them: recipe.old_logp=recompute)"),
     # HAPO: token-level group average with the entropy-adaptive loss (the recipe adds DAPO's dynamic
     # sampling and overlong penalty: recipe.group_filter=dynamic_sampling recipe.shaping=overlong)
     "hapo": Preset(_spec("hapo", "hapo", Choice("hapo"), "token-mean"), 16,
