@@ -150,6 +150,42 @@ def hbpo(x: ShapingInputs, *, budgets: tuple = HBPO_BUDGETS, metric: str | None 
     return _replace(x, r)
 
 
+def think_short(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0,
+                correctness_weight: float = 0.6, length_weight: float = 0.3, format_metric: str | None = None,
+                format_weight: float = 0.1, initial_budget: float = 256.0, final_budget: float = 87.0,
+                drops: int = 3, interval: int = 150, schedule: str = "exponential", r_max: float = 1.0,
+                band: bool = False) -> np.ndarray:
+    """Train Long, Think Short: ``w_c 1[correct] + w_l R_len(L; B(step)) + w_f format`` with the
+    triangular length reward around the step's curriculum budget (``format_metric``: a reward
+    function scoring the think/answer tags; without one the format term is 0)."""
+    budget = core.curriculum_budget(x.step, initial=initial_budget, final=final_budget, drops=drops,
+                                    interval=interval, schedule=schedule)
+    r = correctness_weight * _correct(x, metric, threshold).astype(np.float32) + length_weight * np.asarray(
+        core.triangular_length_reward(jnp.asarray(x.lengths), budget, r_max=r_max, band=band))
+    if format_metric is not None:
+        r = r + format_weight * np.nan_to_num(_metric(x, format_metric))
+    return _replace(x, r)
+
+
+def hapo_history(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, weight: float = 1.0,
+                 floor: float = -0.7, mode: str = "cosine") -> tuple[np.ndarray, dict]:
+    """HAPO (history-aware): correctness plus the length reward against the prompt's shortest
+    correct response so far; the history (prompt text -> length) is this part's state and is
+    updated with the batch after scoring (the reward uses the history from before)."""
+    state = dict(x.state or {})
+    hist = np.array([state.get(p, 0.0) for p in x.prompts], np.float32)  # 0: no correct response yet
+    gid = np.asarray(x.group_ids, np.int32)
+    correct = _correct(x, metric, threshold)
+    r = core.hapo_history_reward(jnp.asarray(correct), jnp.asarray(x.lengths), jnp.asarray(hist[gid]), weight=weight,
+                                 floor=floor, mode=mode)
+    new = np.asarray(core.hapo_history_update(jnp.asarray(hist), jnp.asarray(correct), jnp.asarray(x.lengths),
+                                              jnp.asarray(gid), x.num_groups))
+    for p, h in zip(x.prompts, new):
+        if h > 0:  # the same prompt twice in a batch: the shorter of the two
+            state[p] = min(float(h), state.get(p, float("inf")))
+    return _replace(x, r), state
+
+
 _TEXT = (("needs_text", True),)
 for _part in (
     Part("thinkless", thinkless, paper="Thinkless: LLM Learns When to Think (Fang et al.), arXiv:2505.13379",
@@ -184,6 +220,18 @@ for _part in (
                                                       "f2(b))", tests=_T,
          note="min(f1, f2) for correct answers, 0 wrong; needs data.budgets equal to budgets (prompt group g is "
               "budget g % k); with recipe.advantage=hbpo"),
+    Part("think_short", think_short, paper="Train Long, Think Short: Curriculum Learning for Efficient Reasoning, "
+                                           "arXiv:2508.08940",
+         core=("triangular_length_reward", "curriculum_budget"), methods=(92,),
+         verified="hand values (the paper's formulas; no code released)", tests=_T,
+         note="triangular length reward around a budget that decays 256 -> 87 tokens in 3 drops every 150 steps "
+              "(the paper's run); weights 0.6/0.3 are the paper's ablation setting (its main run's are not stated)"),
+    Part("hapo_history", hapo_history, paper="HAPO: Training Language Models to Reason Concisely via History-Aware "
+                                             "Policy Optimization, arXiv:2505.11225",
+         core=("hapo_history_reward", "hapo_history_update"), methods=(10,),
+         verified="hand values (the authors' code)", tests=_T, flags=(("stateful", True),),
+         note="per-prompt history (shortest correct length so far) kept by the trainer and checkpointed; cosine "
+              "length reward, floor -0.7 for correct rows, never positive for wrong ones"),
     Part("self_play", self_play, paper="A Minimaximalist Approach to Reinforcement Learning from Human Feedback "
                                        "(Swamy et al.), arXiv:2401.04056",
          core=("self_play_win_rate",), methods=(32,), verified="hand values, paper identity", tests=_T,

@@ -2,7 +2,9 @@
 
 * ``recipe.shaping=<name>`` (:data:`SHAPING`): ``fn(x: ShapingInputs, **params) -> [N]``, a
   per-row bonus added to the reward total before advantages (host-side, after the reward
-  functions ran).
+  functions ran). A part flagged ``stateful`` keeps state across steps (HAPO's per-prompt
+  history): it reads ``x.state`` and returns ``(bonus, new state)``; the trainer holds the state
+  (a JSON-able dict) and checkpoints it with the loop's counters.
 * ``recipe.group_filter=<name>`` (:data:`GROUP_FILTERS`): ``fn(**params) -> GroupFilter``: which
   prompt groups of a sampling round are kept, and how many rounds a step may draw (DAPO's
   dynamic sampling keeps drawing until a batch of groups with a reward spread is full).
@@ -33,7 +35,9 @@ class ShapingInputs:
     ``group_ids [N]`` and ``num_groups``, ``max_new_tokens`` the sampler's budget, ``per_fn`` the
     score of each reward function (``NaN`` where a function does not apply), ``completions`` the
     decoded completions (given to parts flagged ``needs_text``, else empty; flag value ``"raw"``:
-    decoded with special tokens kept, e.g. control tokens added to the vocabulary)."""
+    decoded with special tokens kept, e.g. control tokens added to the vocabulary), ``prompts``
+    the ``num_groups`` prompts of the groups, ``step`` the training iteration the completions
+    were sampled at (0-based; a schedule's clock) and ``state`` a ``stateful`` part's state."""
 
     scores: np.ndarray
     lengths: np.ndarray
@@ -42,6 +46,9 @@ class ShapingInputs:
     max_new_tokens: int
     per_fn: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     completions: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
+    step: int = 0
+    state: Mapping | None = None
 
 
 SHAPING = new_registry("reward shaping", "recipe.shaping", "fn(x: ShapingInputs, **params) -> bonus [N]")

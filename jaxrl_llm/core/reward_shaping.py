@@ -32,6 +32,10 @@ __all__ = [
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
+    "triangular_length_reward",
+    "curriculum_budget",
+    "hapo_history_reward",
+    "hapo_history_update",
 ]
 
 sg = jax.lax.stop_gradient
@@ -451,3 +455,111 @@ def hbpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarr
     inter = jnp.where(single, s, safe_divide(s - st.mean, st.std + epsilon))
     adv = jnp.where(single, s, intra_coef * intra + inter)
     return _broadcast(adv, m, v)
+
+
+def triangular_length_reward(lengths: jnp.ndarray, budget, *, r_max: float = 1.0, band: bool = False
+                             ) -> jnp.ndarray:
+    """"Train Long, Think Short"'s length reward: a triangle peaking at the budget ``L``.
+
+    ``R(l) = r_max l / L`` for ``l <= L``, ``r_max (1 - (l - L) / L)`` for ``L < l <= 2L`` and 0
+    beyond; ``band=True`` (the paper's "band" ablation) pays ``r_max`` for every ``l <= L``.
+
+    Paper: "Train Long, Think Short: Curriculum Learning for Efficient Reasoning" (Hammoud et
+    al.), arXiv:2508.08940, sections 3.3-3.4 (no code was available; the paper's formulas).
+
+    Args:
+      lengths: ``[B]`` response lengths in tokens. budget: the budget ``L`` (> 0), a scalar or
+        ``[B]``. r_max: the peak reward.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    _seq("lengths", lengths)
+    if isinstance(budget, (int, float)):
+        _checks.check_positive("budget", float(budget))
+    b = jnp.asarray(budget, jnp.float32)
+    l = _checks.as_float(lengths)
+    up = jnp.full_like(l, r_max) if band else r_max * l / b
+    down = r_max * (1.0 - (l - b) / b)
+    return sg(jnp.where(l <= b, up, jnp.where(l <= 2.0 * b, down, 0.0)))
+
+
+def curriculum_budget(step: int, *, initial: float = 256.0, final: float = 87.0, drops: int = 3,
+                      interval: int = 150, schedule: str = "exponential") -> float:
+    """"Train Long, Think Short"'s token budget at training ``step`` (0-based): ``drops`` steps
+    of ``interval`` training steps each from ``initial`` to ``final``.
+
+    ``exponential``: ``S_k = initial d^k`` with ``d = (final / initial)^(1 / drops)``; ``linear``
+    (the paper's ablation): equal drops. ``k = min(step // interval, drops)``. Defaults: the
+    paper's run (256 -> 178.6 -> 124.7 -> 87 tokens, a drop every 150 of 600 steps).
+    """
+    if initial <= 0 or final <= 0:
+        raise ValueError(f"curriculum budgets must be > 0, got initial={initial}, final={final}")
+    if drops < 1 or interval < 1:
+        raise ValueError(f"drops and interval must be >= 1, got {drops}, {interval}")
+    if schedule not in ("exponential", "linear"):
+        raise ValueError(f"schedule must be 'exponential' or 'linear', got {schedule!r}")
+    k = min(int(step) // int(interval), int(drops))
+    if schedule == "linear":
+        return float(initial - k * (initial - final) / drops)
+    return float(initial * (final / initial) ** (k / drops))
+
+
+def hapo_history_reward(correct: jnp.ndarray, lengths: jnp.ndarray, history: jnp.ndarray, *,
+                        weight: float = 1.0, floor: float = -0.7, mode: str = "cosine") -> jnp.ndarray:
+    """HAPO (history-aware)'s reward: correctness plus a length reward relative to the shortest
+    correct response the prompt has had so far.
+
+    With ``h`` the row's prompt history (``h <= 0``: the prompt has had no correct response yet,
+    then the length reward is 0; the authors store a large sentinel), ``cosine``: ``v = cos(pi/2 L/h)`` if ``L < 2h`` else ``-1``, and
+    ``r_len = max(floor, v)`` for a correct row, ``min(0, v)`` for a wrong one (a wrong answer is
+    never paid for being short); ``linear``: correct ``1 - L/h`` below ``h``, 0 up to ``1.1h``,
+    then ``max(floor, -(L - 1.1h)/h)``; wrong 0 up to ``1.1h``, then ``max(-1, -(L - 1.1h)/h)``.
+    ``r = 1[correct] + weight r_len``. :func:`hapo_history_update` moves ``h`` after scoring.
+
+    Paper: "HAPO: Training Language Models to Reason Concisely via History-Aware Policy
+    Optimization", arXiv:2505.11225; the authors' code (``HCY123902/HAPO`` @c91ae3b,
+    ``compute_len_reward``): weight 1, floor -0.7, cosine, the history the running minimum.
+
+    Args:
+      correct: ``[B]`` bool. lengths: ``[B]``. history: ``[B]`` float, ``h`` of each row's prompt
+        (0: none yet).
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _seq("history", history, b)
+    if mode not in ("cosine", "linear"):
+        raise ValueError(f"mode must be 'cosine' or 'linear', got {mode!r}")
+    c = jnp.asarray(correct, bool)
+    l = _checks.as_float(lengths)
+    h = jnp.asarray(history, jnp.float32)
+    known = h > 0
+    hs = jnp.where(known, h, 1.0)
+    if mode == "cosine":
+        v = jnp.where(l < 2.0 * hs, jnp.cos(0.5 * jnp.pi * l / hs), -1.0)
+        r_len = jnp.where(c, jnp.maximum(floor, v), jnp.minimum(0.0, v))
+    else:
+        over = -(l - 1.1 * hs) / hs
+        right = jnp.where(l < hs, 1.0 - l / hs, jnp.where(l < 1.1 * hs, 0.0, jnp.maximum(floor, over)))
+        wrong = jnp.where(l < 1.1 * hs, 0.0, jnp.maximum(-1.0, over))
+        r_len = jnp.where(c, right, wrong)
+    return sg(c.astype(jnp.float32) + weight * jnp.where(known, r_len, 0.0))
+
+
+def hapo_history_update(history: jnp.ndarray, correct: jnp.ndarray, lengths: jnp.ndarray,
+                        group_ids: jnp.ndarray, num_groups: int) -> jnp.ndarray:
+    """HAPO's history after a batch: ``h_q <- min(h_q, min L of the correct rows of prompt q)``
+    (``[num_groups]`` float32; 0 while a prompt has had no correct response, the convention of
+    ``history``, ``[num_groups]``, too)."""
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _checks.check_groups(group_ids, num_groups, b)
+    _seq("history", history, num_groups)
+    l = jnp.where(jnp.asarray(correct, bool), _checks.as_float(lengths), jnp.inf)
+    best = jax.ops.segment_min(l, jnp.asarray(group_ids, jnp.int32), num_groups)
+    h = jnp.asarray(history, jnp.float32)
+    new = jnp.minimum(jnp.where(h > 0, h, jnp.inf), best)
+    return jnp.where(jnp.isfinite(new), new, jnp.where(h > 0, h, 0.0))

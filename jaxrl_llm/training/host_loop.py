@@ -91,12 +91,20 @@ class HostLoop:
         """Put restored arrays (of :meth:`checkpoint_state`'s structure) back in place."""
         self.state = state
 
+    def loop_state(self) -> dict:
+        """JSON-able loop state a subclass adds to the checkpoint record (besides the counters)."""
+        return {}
+
+    def load_loop_state(self, record: dict) -> None:
+        """Put :meth:`loop_state`'s entries of a restored record back in place."""
+
     def save(self, metrics: dict | None = None) -> None:
         """Checkpoint the train state, the data iterator's state and the history."""
         if self.checkpointer is None:
             return
         self.checkpointer.save(self.iteration, self.checkpoint_state(), data_state=self.data.get_state(),
-                               loop={"iteration": self.iteration, "seed": self.seed}, config=self.config,
+                               loop={"iteration": self.iteration, "seed": self.seed, **self.loop_state()},
+                               config=self.config,
                                history=self.history, metrics=metrics)
 
     def restore(self) -> bool:
@@ -107,6 +115,7 @@ class HostLoop:
         self.load_checkpoint_state(state)
         self.data.set_state(record["data_state"])
         self.iteration = int(record["loop"]["iteration"])
+        self.load_loop_state(record["loop"])
         self.history = list(record["history"])
         return True
 

@@ -209,10 +209,14 @@ class RLTrainer(HostLoop):
         self.aux_samplers: dict = {}  # samplers of providers (Monte-Carlo continuations), built on first use
         self.kl_state = recipe.kl_controller.init() if recipe.kl_controller is not None else None
         names = [s.name for s in getattr(rewards, "specs", ())]
+        # stateful shaping parts (HAPO's per-prompt history): their state, checkpointed with the loop
+        self.shaping_state: dict[str, Any] = {sh.name: {} for sh in recipe.shaping if sh.part.flag("stateful")}
+        self._shaping_state_at_step: dict[str, Any] = {}
         for sh in recipe.shaping:  # a bad shaping argument fails here, not after the first rollout
             sh(ShapingInputs(np.zeros(1, np.float32), np.ones(1, np.int32), np.zeros(1, np.int32), 1,
                              sampler.config.max_new_tokens, {n: np.zeros(1, np.float32) for n in names},
-                             ("",) if sh.part.flag("needs_text") else ()))
+                             ("",) if sh.part.flag("needs_text") else (), ("",), 0,
+                             {} if sh.part.flag("stateful") else None))
         self.last_batch: dict[str, np.ndarray] | None = None
         self._last_prompts: list[str] = []
         self._est: dict = {}
@@ -263,8 +267,11 @@ class RLTrainer(HostLoop):
                             failed={k: np.concatenate([o.failed[k] for o in outs]) for k in outs[0].failed},
                             metrics=_merge_reward_metrics(outs))
 
-    def shape(self, out, roll, num_groups: int) -> np.ndarray:
-        """``[N]`` float32 scores after the recipe's shaping (added to the reward total)."""
+    def shape(self, out, roll, prompts, *, update: bool = True) -> np.ndarray:
+        """``[N]`` float32 scores after the recipe's shaping (added to the reward total) of the
+        completions of ``prompts`` (one group each). ``update=False``: stateful parts read their
+        state as it was when the step began and keep it (a baseline's completions)."""
+        num_groups = len(prompts)
         scores = np.asarray(out.total, np.float32)
         decoded: dict[bool, tuple[str, ...]] = {}
 
@@ -278,9 +285,19 @@ class RLTrainer(HostLoop):
                                       for i in range(len(toks)))
             return decoded[skip]
         for sh in self.recipe.shaping:
+            stateful = bool(sh.part.flag("stateful"))
+            state = None
+            if stateful:
+                state = (self.shaping_state if update else self._shaping_state_at_step)[sh.name]
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), num_groups,
-                              self.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")))
-            scores = (scores + np.asarray(sh(x))).astype(np.float32)
+                              self.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")),
+                              tuple(prompts), self.iteration, state)
+            bonus = sh(x)
+            if stateful:
+                bonus, new = bonus
+                if update:
+                    self.shaping_state[sh.name] = dict(new)
+            scores = (scores + np.asarray(bonus)).astype(np.float32)
         return scores
 
     def truncate(self, batch, roll, out, g: int):
@@ -291,7 +308,7 @@ class RLTrainer(HostLoop):
             return roll, out, 0
         lengths = np.asarray(roll.lengths)
         x = ShapingInputs(np.asarray(out.total, np.float32), lengths, np.asarray(roll.prompt_index), len(batch),
-                          self.sampler.config.max_new_tokens, out.per_fn)
+                          self.sampler.config.max_new_tokens, out.per_fn, (), tuple(batch.prompts), self.iteration)
         new = np.minimum(np.asarray(tr(x)), lengths)
         cut = new < lengths
         if not cut.any():
@@ -331,6 +348,7 @@ class RLTrainer(HostLoop):
         kept: list[tuple[int, int]] = []
         dropped: list[tuple[int, int]] = []
         target = 0
+        self._shaping_state_at_step = dict(self.shaping_state)
         for r in range(gf.max_rounds):
             t0 = time.perf_counter()
             batch = next(self.data)
@@ -342,7 +360,7 @@ class RLTrainer(HostLoop):
             t0 = time.perf_counter()
             out = self.score(batch.prompts, batch.columns, roll, g)
             roll, out, cut = self.truncate(batch, roll, out, g)
-            rounds.append(_Round(batch, roll, out, self.shape(out, roll, len(batch)), cut))
+            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts), cut))
             keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -617,6 +635,14 @@ class RLTrainer(HostLoop):
         if self.kl_state is not None:
             out["kl_controller"] = self.kl_state
         return out
+
+    def loop_state(self) -> dict:
+        """The stateful shaping parts' state (HAPO's per-prompt history), when there is any."""
+        return {"shaping_state": self.shaping_state} if self.shaping_state else {}
+
+    def load_loop_state(self, record: dict) -> None:
+        if self.shaping_state:
+            self.shaping_state = {k: dict(v) for k, v in record["shaping_state"].items()}
 
     def load_checkpoint_state(self, state: Any) -> None:
         if self.critic is None and self.kl_state is None:

@@ -186,7 +186,7 @@ def _greedy_scores(tr, step: StepBatch) -> None:
     t0 = time.perf_counter()
     broll = tr.baseline_sampler(tr.state.params, step.prompt_ids, step.key, *tr.frozen)  # greedy: key unused
     out = tr.score(step.prompts, step.columns, broll, 1)
-    base = tr.shape(out, broll, len(step.prompt_ids))
+    base = tr.shape(out, broll, step.prompts, update=False)
     group = step.arrays["group_ids"]
     step.inputs["greedy_scores"] = base[group]
     valid_group = np.zeros(len(step.prompt_ids), bool)

@@ -264,6 +264,11 @@ R.update({
                     lambda s: [_scores(s), lengths(s)[0]], None),
     "hbpo_advantages": (lambda s_, m: C.hbpo_advantages(s_, m, GID, NG, np.array([4, 8, 16, 4, 8, 16], np.float32),
                                                         np.zeros(B, np.int32), 1, max_length=20.0), outcome, 1),
+    "triangular_length_reward": (lambda l: C.triangular_length_reward(l, 8.0), lambda s: [lengths(s)[0]], None),
+    "hapo_history_reward": (lambda c, l, h: C.hapo_history_reward(c > 0, l, h),
+                            lambda s: [_scores(s), lengths(s)[0], lengths(s + 1)[0] * _scores(s + 2)], None),
+    "hapo_history_update": (lambda h, c, l: C.hapo_history_update(h, c > 0, l, GID, NG),
+                            lambda s: [lengths(s)[0][:NG] * _scores(s + 1)[:NG], _scores(s), lengths(s + 2)[0]], None),
     "self_play_win_rate": (lambda p, v: C.self_play_win_rate(p, GID, NG, valid=v),
                            lambda s: [_rng(s).uniform(0, 1, (B, B)).astype(np.float32), np.ones(B, bool)], 1),
 })
@@ -283,6 +288,7 @@ EXEMPT = {
     "DPO_LOSSES": "constant (loss_type -> function)",
     "GroupStats": "NamedTuple", "COMMON_METRICS": "constant",
     "dense_group_ids": "host-side helper over Python uids (not an array function); tested in test_shaping_stats",
+    "curriculum_budget": "host-side schedule of a Python step (not an array function); tested in test_reward_shaping",
 }
 
 

@@ -145,3 +145,38 @@ def test_hbpo_reward_and_advantages():
     np.testing.assert_allclose(C.hbpo_advantages(ok, np.ones((4, 1)), np.zeros(4, np.int32), 1, np.full(4, 2048.),
                                                  np.zeros(4, np.int32), 1), np.zeros((4, 1)), atol=1e-6)
     np.testing.assert_allclose(C.hbpo_advantages(np.zeros(4), np.ones((4, 1)), g, 2, b, q, 1)[:, 0], -f(b), rtol=1e-5)
+
+
+def test_triangular_length_reward_and_curriculum_budget():
+    """Train Long, Think Short: the triangle and the paper's schedule (256 -> 87 in 3 drops)."""
+    close(C.triangular_length_reward(np.array([0, 50, 100, 150, 200, 250]), 100.0), [0, 0.5, 1, 0.5, 0, 0])
+    close(C.triangular_length_reward(np.array([0, 50, 100, 150]), 100.0, band=True), [1, 1, 1, 0.5])
+    close(C.triangular_length_reward(np.array([4, 12]), np.array([8.0, 8.0]), r_max=2.0), [1, 1])
+    # the worked example: weights (0.6, 0.3, 0.1), both tags (format 2), correct, L = 100
+    for ell, want in ((50, 0.95), (150, 0.95), (250, 0.8)):
+        close(0.6 + 0.3 * C.triangular_length_reward(np.array([ell]), 100.0) + 0.1 * 2, [want])
+    assert [round(C.curriculum_budget(t), 1) for t in (0, 149, 150, 299, 300, 450, 10_000)] == \
+        [256.0, 256.0, 178.6, 178.6, 124.7, 87.0, 87.0]
+    assert C.curriculum_budget(300, schedule="linear") == pytest.approx(256 - 2 * (256 - 87) / 3)
+    assert C.curriculum_budget(10_000, initial=100, final=100) == 100  # no decay: a fixed budget
+    with pytest.raises(ValueError, match="schedule must be"):
+        C.curriculum_budget(0, schedule="cosine")
+    with pytest.raises(ValueError, match="budget"):
+        C.triangular_length_reward(np.array([1]), 0.0)
+
+
+def test_hapo_history_reward_and_update():
+    """The authors' worked example (h = 4) and the history's rules: no history -> no length
+    reward; a correct answer always beats a wrong one; the history only shrinks."""
+    correct, L = np.array([1, 1, 0, 0], bool), np.array([3, 5, 2, 9])
+    close(C.hapo_history_reward(correct, L, np.full(4, 4.0)), [1.382683, 0.617317, 0, -1], 1e-5)
+    close(C.hapo_history_reward(correct, L, np.zeros(4)), [1, 1, 0, 0])  # first encounter
+    close(C.hapo_history_reward(correct, np.array([100, 3, 1, 1]), np.full(4, 4.0)), [0.3, 1.382683, 0, 0], 1e-5)
+    # linear variant: correct 1 - L/h below h, 0 to 1.1h, then -(L - 1.1h)/h floored; wrong never positive
+    close(C.hapo_history_reward(np.array([1, 1, 1, 0, 0], bool), np.array([2, 4.2, 8, 4.2, 20]), np.full(5, 4.0),
+                                mode="linear"), [1.5, 1.0, 0.3, 0, -1], 1e-5)
+    close(C.hapo_history_update(np.array([4.0, 0.0, 5.0]), np.array([1, 1, 0, 0, 0, 1], bool),
+                                np.array([3, 5, 2, 9, 1, 7]), np.array([0, 0, 1, 1, 2, 2]), 3), [3, 0, 5])
+    close(C.hapo_history_update(np.array([0.0]), np.array([0, 1], bool), np.array([2, 6]), np.array([0, 0]), 1), [6])
+    with pytest.raises(ValueError, match="mode must be"):
+        C.hapo_history_reward(correct, L, np.full(4, 4.0), mode="exp")

@@ -138,6 +138,59 @@ def test_shaping_parts_run_in_the_loop(shaping):
     assert np.isfinite(m["rewards/shaped/mean"])
 
 
+def test_think_short_follows_the_step_and_hapo_history_its_state():
+    import dataclasses
+
+    x = dataclasses.replace(_inputs([1, 1, 0, 0], [100, 200, 100, 300], per_fn={"fmt": np.array([2., 2, 0, 2])}),
+                            step=0)
+    kw = dict(initial_budget=200.0, final_budget=100.0, drops=1, interval=10, format_metric="fmt")
+    np.testing.assert_allclose(x.scores + SHAPING["think_short"].fn(x, **kw), [0.95, 1.1, 0.15, 0.35], atol=1e-6)
+    later = dataclasses.replace(x, step=10)  # the budget is 100 from step 10 on
+    np.testing.assert_allclose(later.scores + SHAPING["think_short"].fn(later, **kw), [1.1, 0.8, 0.3, 0.2], atol=1e-6)
+    # HAPO: state in, state out; the reward uses the history from before this batch
+    h = dataclasses.replace(_inputs([1, 1, 0, 0, 0, 0, 0, 0], [3, 5, 2, 9, 4, 4, 4, 4]), prompts=("a", "b"),
+                            state={"a": 4.0})
+    bonus, state = SHAPING["hapo_history"].fn(h)
+    np.testing.assert_allclose(h.scores + bonus, [1.382683, 0.617317, 0, -1, 0, 0, 0, 0], atol=1e-5)
+    assert state == {"a": 3.0} and h.state == {"a": 4.0}  # "b" had no correct answer; the input is not changed
+    again = dataclasses.replace(h, state=state, scores=np.array([0, 0, 0, 0, 1, 0, 0, 0], np.float32))
+    _, state = SHAPING["hapo_history"].fn(again)
+    assert state == {"a": 3.0, "b": 4.0}
+
+
+def test_hapo_history_state_is_kept_across_steps_and_checkpointed(tmp_path):
+    from jaxrl_llm.training import Checkpointer
+
+    tr = make("grpo", g=4, reward=[target_frac], shaping={"name": "hapo_history", "threshold": 0.25})
+    seen = {}
+    for _ in range(3):
+        before = dict(tr.shaping_state["hapo_history"])
+        tr.step()
+        b = tr.last_batch
+        lens = b["completion_mask"].sum(1)
+        prompts = tr._last_prompts
+        hist = np.array([before.get(prompts[g], 0.0) for g in b["group_ids"]], np.float32)
+        raw = np.array([target_frac(None, None, [row[-b["completion_mask"].shape[1]:][m].tolist()])[0]
+                        for row, m in zip(b["tokens"], b["completion_mask"])])
+        correct = raw >= 0.25
+        want = core.hapo_history_reward(correct, lens, hist)
+        np.testing.assert_allclose(b["scores"], np.asarray(want), atol=1e-6)  # shaped with the history from before
+        for g, p in enumerate(prompts):
+            ok = correct & (b["group_ids"] == g)
+            if ok.any():
+                seen[p] = min(seen.get(p, np.inf), float(lens[ok].min()))
+        assert tr.shaping_state["hapo_history"] == seen
+    assert seen  # some prompt has had a correct answer
+    tr.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    tr.save()
+    tr.checkpointer.wait()
+    fresh = make("grpo", g=4, reward=[target_frac], shaping={"name": "hapo_history", "threshold": 0.25})
+    fresh.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    assert fresh.restore() and fresh.shaping_state == tr.shaping_state
+    a, b_ = tr.step(), fresh.step()
+    assert a["rewards/shaped/mean"] == b_["rewards/shaped/mean"] and a["loss"] == b_["loss"]
+
+
 def test_hdpo_reads_the_reward_functions():
     tr = make("grpo", g=4, reward=[binary, calls], loss={"name": "hdpo", "answer_index": 0, "calls_index": 1})
     m = [tr.step() for _ in range(2)][-1]
