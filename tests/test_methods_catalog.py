@@ -49,12 +49,16 @@ def test_docs_methods_md_is_generated_from_the_registries():
         "docs/methods.md is stale: run `jaxrl-llm methods --markdown > docs/methods.md`"
 
 
+# required arguments that must be integers (counts, step numbers): any valid value
+_INT_ARGS = {"total_steps": 10, "samples_init": 2}
+
+
 def _needs(name: str, registry) -> dict:
     """Arguments a part cannot do without (those without a default)."""
     fn = registry[name].fn
     params = inspect.signature(fn).parameters
-    return {k: 0.5 for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and k != "key"
-            and k not in registry[name].requires}
+    return {k: _INT_ARGS.get(k, 0.5) for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+            and k != "key" and k not in registry[name].requires}
 
 
 @pytest.mark.parametrize("name", ESTIMATORS.names())

@@ -93,6 +93,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "mc_cuts": "token", "mc_values": "token",
                                    # the prompt's low-probability confidence under the sampling policy, [N]
                                    "prompt_confidence": "sequence",
+                                   # the training iteration the batch was sampled at (0-based), [N]: a schedule's clock
+                                   "iteration": "sequence",
                                    "component_scores": "components",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",

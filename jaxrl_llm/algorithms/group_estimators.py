@@ -158,6 +158,43 @@ def hicra(x, *, alpha: float = 0.2, entropy_top: float = 0.3, epsilon: float = 1
                                             alpha=alpha, entropy_top=entropy_top, valid=x.get("valid")))
 
 
+@register_estimator("d3s", paper="Learning More with Less: A Dynamic Dual-Level Down-Sampling Framework for Efficient "
+                                 "Policy Optimization (D^3S), arXiv:2509.22115",
+                    core=("d3s_mask", "max_variance_subset", "grpo_advantages"), requires=("old_entropy", "iteration"),
+                    group_relative=True, methods=(29,), tests=_T,
+                    verified="hand values, paper identity (full sizes: GRPO); the paper's equations via third-party "
+                             "notes (no code, full text not read)",
+                    note="GRPO advantages on the full group; trains only the max-variance rows per group (and across the "
+                         "batch) and the top |A| H tokens, the sizes moving linearly to their final values over "
+                         "total_steps; the paper's sizes were not found: samples_init, tokens_init, total_steps are "
+                         "required")
+def d3s(x, *, total_steps: int, samples_init: int, tokens_init: float, samples_final: int | None = None,
+        tokens_final: float = 1.0, batch_fraction: float = 1.0, epsilon: float = 1e-6) -> Advantages:
+    """D^3S: GRPO with dual-level down-sampling on a linear schedule. At training progress
+    ``p = min(iteration / total_steps, 1)``: ``samples_per_group = round((1 - p) samples_init + p
+    samples_final)`` (``samples_final`` default: the group size, so training ends as GRPO),
+    ``token_fraction = (1 - p) tokens_init + p tokens_final``; the cross-batch step keeps
+    ``round(batch_fraction x kept rows)`` (1: off)."""
+    import jax.numpy as jnp
+
+    if total_steps < 1 or samples_init < 1:
+        raise ValueError(f"total_steps and samples_init must be >= 1, got {total_steps}, {samples_init}")
+    for name, k in (("tokens_init", tokens_init), ("tokens_final", tokens_final), ("batch_fraction", batch_fraction)):
+        if not 0.0 < k <= 1.0:
+            raise ValueError(f"{name} must be in (0, 1], got {k}")
+    n, g = x["mask"].shape[0], x.num_groups
+    final = -(-n // g) if samples_final is None else samples_final
+    p = jnp.clip(jnp.max(x["iteration"]) / float(total_steps), 0.0, 1.0)
+    size = jnp.floor((1.0 - p) * samples_init + p * final + 0.5).astype(jnp.int32)
+    frac = (1.0 - p) * tokens_init + p * tokens_final
+    batch = None if batch_fraction == 1.0 else jnp.maximum(jnp.floor(batch_fraction * g * size + 0.5), 1).astype(
+        jnp.int32)
+    adv = core.grpo_advantages(x["scores"], x["mask"], x["group_ids"], g, epsilon=epsilon, valid=x.get("valid"))
+    keep = core.d3s_mask(adv, x["old_entropy"], x["mask"], x["group_ids"], g, samples_per_group=size,
+                         token_fraction=frac, batch_samples=batch, valid=x.get("valid"))
+    return Advantages(adv, loss_mask=keep > 0)
+
+
 @register_estimator("copo", paper="COPO: Consistency-Aware Policy Optimization, arXiv:2508.04138",
                     core=("copo_advantages",), requires=("answer_ids",), group_relative=True, methods=(41,), tests=_T,
                     verified="hand values",

@@ -38,6 +38,8 @@ __all__ = [
     "low_probability_confidence",
     "arm_advantages",
     "aspo_advantages",
+    "max_variance_subset",
+    "d3s_mask",
 ]
 
 
@@ -784,3 +786,106 @@ def aspo_advantages(advantages: jnp.ndarray, correct: jnp.ndarray, first_call: j
     shaped = a + jnp.clip(raw, -bound, bound)
     out = jnp.where(elig > 0, shaped, a)
     return jax.lax.stop_gradient(out[:, None] * m * v[:, None])
+
+
+# ----------------------------------------------------------------------------------------- D^3S
+
+def max_variance_subset(values: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, size, *,
+                        valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``[B]`` bool: in every group, the ``size`` valid rows whose ``values`` have the largest
+    variance (all of a group's valid rows when it has at most ``size``).
+
+    A largest-variance subset of given size is always the ``k`` smallest values plus the
+    ``size - k`` largest for some ``k``, so every ``k`` in ``0..size`` is tried. Ties: the smallest
+    and the largest values are taken in row order; between subsets of equal variance the one
+    with the larger ``sum |values|`` wins (for ``size = 1``, whose variances are all 0: the row
+    of largest magnitude), then the smaller ``k``. ``size`` may be traced (a schedule inside
+    ``jit``). (With values an increasing affine function of the rewards, as GRPO advantages
+    within a group, this is PODS' max-variance down-sampling, arXiv:2504.13818.)
+    """
+    b = _checks._shape(values)[0]
+    _checks.check_groups(group_ids, num_groups, b)
+    if isinstance(size, int) and size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    size = jnp.asarray(size, jnp.int32)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    a = jnp.asarray(values, jnp.float32)
+    gid = jnp.asarray(group_ids, jnp.int32)
+    asc = _rank_in_group(a, gid, v, num_groups)
+    desc = _rank_in_group(-a, gid, v, num_groups)
+    count = group_sum(v, gid, num_groups)
+    want = jnp.minimum(count, size.astype(jnp.float32))
+
+    def subset(k):
+        return ((asc < k) | (desc < size - k)) & (v > 0)
+
+    def body(k, best):
+        best_var, best_abs, best_k = best
+        w = subset(k).astype(jnp.float32)
+        n = group_sum(w, gid, num_groups)
+        mean = safe_divide(group_sum(w * a, gid, num_groups), n)
+        var = safe_divide(group_sum(w * (a - mean[gid]) ** 2, gid, num_groups), n)
+        mag = group_sum(w * jnp.abs(a), gid, num_groups)
+        better = (n == want) & ((var > best_var) | ((var == best_var) & (mag > best_abs)))
+        return (jnp.where(better, var, best_var), jnp.where(better, mag, best_abs), jnp.where(better, k, best_k))
+    init = (jnp.full((num_groups,), -jnp.inf), jnp.full((num_groups,), -jnp.inf), jnp.zeros((num_groups,), jnp.int32))
+    _, _, best_k = jax.lax.fori_loop(0, jnp.minimum(size, b) + 1, body, init)
+    return (subset(best_k[gid]) | (count[gid] <= size)) & (v > 0)
+
+
+def d3s_mask(advantages: jnp.ndarray, entropy: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+             num_groups: int, *, samples_per_group: int, token_fraction: float, batch_samples: int | None = None,
+             valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """D^3S's dual-level down-sampling: the loss mask ``[B, T]`` float32 of the rows and tokens
+    that train (the advantages themselves are unchanged: GRPO's on the full group).
+
+    1. In each group, the ``samples_per_group`` rows whose advantages have the largest variance
+       (:func:`max_variance_subset`).
+    2. Across the batch, of those, the ``batch_samples`` rows of largest variance (no
+       re-normalisation; ``None``: keep them all).
+    3. Of all response tokens of the kept rows together, the ``ceil(token_fraction n)`` with the
+       largest ``|A_t| H_t`` (advantage magnitude times the sampling policy's token entropy);
+       ties in row-major order.
+
+    Paper: "Learning More with Less: A Dynamic Dual-Level Down-Sampling Framework for Efficient
+    Policy Optimization" (D^3S), arXiv:2509.22115. No code is public and the paper's full text
+    was not readable here: the three steps follow the paper's equations as restated by
+    third-party notes; tie rules, the token count's rounding and the cross-group pool (the rows
+    kept in step 1) are our reading. The paper's schedule (sizes moving linearly from their
+    initial to their final values over training) is the estimator's (``recipe.advantage=d3s``).
+
+    Args:
+      advantages: ``[B, T]`` (GRPO's, broadcast). entropy: ``[B, T]`` token entropies of the
+        sampling policy. mask: ``[B, T]``. group_ids, num_groups, valid: as usual.
+      samples_per_group: rows kept per group (>= 1). token_fraction: in ``(0, 1]``.
+      batch_samples: rows kept across the batch after step 1 (``None``: all). The three may be
+      traced (the schedule's values inside ``jit``).
+
+    Returns:
+      ``[B, T]`` float32 in ``{0, 1}``, within ``mask``.
+    """
+    _checks.check_rank("advantages", advantages, 2)
+    b, t = _checks._shape(advantages)
+    for name, x in (("entropy", entropy), ("mask", mask)):
+        if _checks._shape(x) != (b, t):
+            raise ValueError(f"argument {name!r} must have shape {(b, t)} like advantages, got {_checks._shape(x)}")
+    _checks.check_groups(group_ids, num_groups, b)
+    if isinstance(token_fraction, (int, float)) and not 0.0 < token_fraction <= 1.0:
+        raise ValueError(f"token_fraction must be in (0, 1], got {token_fraction}")
+    m = _checks.as_mask(mask)
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    v = v * (jnp.sum(m, axis=1) > 0)  # a row without response tokens cannot contribute
+    a_tok = jnp.where(m > 0, jnp.asarray(advantages, jnp.float32), 0.0)
+    a_row = _row_adv(a_tok)
+    rows = max_variance_subset(a_row, group_ids, num_groups, samples_per_group, valid=v)
+    if batch_samples is not None:
+        rows = max_variance_subset(a_row, jnp.zeros((b,), jnp.int32), 1, batch_samples, valid=rows)
+    mm = m * rows[:, None]
+    ent = jnp.where(mm > 0, jnp.asarray(entropy, jnp.float32), 0.0)
+    score = jnp.where(mm > 0, jnp.abs(a_tok) * ent, -jnp.inf).reshape(-1)
+    n = jnp.sum(mm)
+    keep_n = jnp.where(n > 0, jnp.maximum(jnp.ceil(jnp.asarray(token_fraction, jnp.float32) * n - 1e-4), 1.0), 0.0)
+    order = jnp.lexsort((jnp.arange(b * t), -score))
+    rank = jnp.zeros(b * t, jnp.int32).at[order].set(jnp.arange(b * t, dtype=jnp.int32))
+    keep = (rank < keep_n) & (mm.reshape(-1) > 0)
+    return jax.lax.stop_gradient(keep.reshape(b, t).astype(jnp.float32))

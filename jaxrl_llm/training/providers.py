@@ -308,6 +308,12 @@ PROVIDERS["mc_values"] = _mc_values
 PROVIDERS["mc_cuts"] = _mc_values  # one provider computes both (the second call returns at once)
 
 
+@provider("iteration")
+def _iteration(tr, step: StepBatch) -> None:
+    """``[N]`` the trainer's iteration (0-based) when the batch was sampled: a schedule's clock."""
+    step.inputs["iteration"] = np.full(len(step.scores), float(tr.iteration), np.float32)
+
+
 @provider("prompt_confidence")
 def _prompt_confidence(tr, step: StepBatch) -> None:
     """``[N]`` the low-probability confidence of each row's prompt under the sampling policy (the

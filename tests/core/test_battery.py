@@ -223,6 +223,10 @@ R.update({
                         lambda s: [_n(s, (B,)), _scores(s), _rng(s).integers(-1, 5, B).astype(np.float32),
                                    lengths(s)[0], _mask(s)], 4),
     "low_probability_confidence": (lambda lp, m: C.low_probability_confidence(lp, m), lambda s: [_lp(s), _mask(s)], 1),
+    "max_variance_subset": (lambda x, v: C.max_variance_subset(x, GID, NG, 1, valid=v),
+                            lambda s: [_n(s, (B,)), np.ones(B, bool)], 1),
+    "d3s_mask": (lambda a, h, m: C.d3s_mask(a, h, m, GID, NG, samples_per_group=1, token_fraction=0.5, batch_samples=2),
+                 lambda s: [_n(s, (B, T)), np.abs(_n(s + 1, (B, T))), _mask(s)], 2),
     "arm_advantages": (lambda s_, c, q, m: C.arm_advantages(s_, m, GID, NG, c, q, alpha=0.1),
                        lambda s: [_scores(s), _n(s, (B,)), _n(s + 1, (B,)), _mask(s)], 3),
 })

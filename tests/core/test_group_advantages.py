@@ -354,3 +354,67 @@ def test_aspo_hand_values_and_properties():
     big = rows(C.aspo_advantages(a, correct, np.array([0, 400, 900, -1.]), np.full(4, 10.), np.ones((4, 1)),
                                  np.zeros(4, np.int32), 1, delta=-100.0))
     assert np.all(np.sign(big) == np.sign(a))
+
+
+# --------------------------------------------------------------------------------------------- D^3S
+
+
+def _d3s_example():
+    """The worked example: two groups of 4, scores [1,0,0,0 | 1,1,0,1]."""
+    sc = np.array([1, 0, 0, 0, 1, 1, 0, 1], np.float32)
+    m = (np.arange(4)[None] < np.array([4, 3, 2, 4, 4, 3, 4, 1])[:, None]).astype(np.float32)
+    gid = np.repeat(np.arange(2, dtype=np.int32), 4)
+    h = np.zeros((8, 4), np.float32)
+    h[0], h[4], h[6] = [.9, .1, .5, .05], [.2, 1.5, .3, .8], [1.1, .2, .4, .6]
+    return np.asarray(C.grpo_advantages(sc, m, gid, 2)), h, m, gid
+
+
+def test_max_variance_subset_is_the_brute_force_argmax():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        g, size = int(rng.integers(2, 7)), None
+        size = int(rng.integers(1, g + 1))
+        x = rng.normal(size=2 * g).astype(np.float32)
+        gid = np.repeat(np.arange(2, dtype=np.int32), g)
+        got = np.asarray(C.max_variance_subset(x, gid, 2, size))
+        for q in range(2):
+            vals = x[gid == q]
+            best = max(np.var(vals[list(c)]) for c in itertools.combinations(range(g), size))
+            assert got[gid == q].sum() == size
+            assert np.var(vals[got[gid == q]]) == pytest.approx(best, rel=1e-5, abs=1e-6), trial
+
+
+def test_max_variance_subset_edges():
+    a, _, _, gid = _d3s_example()
+    row = a[:, 0]
+    np.testing.assert_array_equal(C.max_variance_subset(row, gid, 2, 2), [1, 1, 0, 0, 1, 0, 1, 0])  # ties: row order
+    np.testing.assert_array_equal(C.max_variance_subset(row, gid, 2, 1), [1, 0, 0, 0, 0, 0, 1, 0])  # largest |A|
+    np.testing.assert_array_equal(C.max_variance_subset(row, gid, 2, 9), np.ones(8))  # a group smaller than size
+    v = np.array([1, 1, 1, 1, 1, 0, 0, 0], bool)  # invalid rows never kept; group 1 keeps its only valid row
+    np.testing.assert_array_equal(C.max_variance_subset(row, gid, 2, 2, valid=v), [1, 1, 0, 0, 1, 0, 0, 0])
+    # PODS: within a group the advantages are increasing in the rewards, so the subsets agree
+    r = np.array([0.2, 0.9, 0.4, 0.0, 1.0, 0.3, 0.7, 0.5], np.float32)
+    a2 = np.asarray(C.grpo_advantages(r, np.ones((8, 1)), gid, 2))[:, 0]
+    np.testing.assert_array_equal(C.max_variance_subset(a2, gid, 2, 3), C.max_variance_subset(r, gid, 2, 3))
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        C.max_variance_subset(row, gid, 2, 0)
+
+
+def test_d3s_mask_worked_example_and_full_sizes_are_grpo():
+    a, h, m, gid = _d3s_example()
+    keep = C.d3s_mask(a, h, m, gid, 2, samples_per_group=2, token_fraction=0.25, batch_samples=3)
+    want = np.zeros((8, 4))
+    want[0, 0] = want[6, 0] = want[6, 3] = 1  # |A| H: 1.65 (6,0), 1.35 (0,0), 0.90 (6,3) of 12 kept-row tokens
+    np.testing.assert_array_equal(keep, want)
+    # every row and every token: the response mask itself (GRPO)
+    np.testing.assert_array_equal(C.d3s_mask(a, h, m, gid, 2, samples_per_group=4, token_fraction=1.0), m)
+    # without the cross-batch step the four per-group rows stay; their tokens 15 -> ceil(0.5 * 15) = 8 kept
+    k2 = np.asarray(C.d3s_mask(a, h + 0.01, m, gid, 2, samples_per_group=2, token_fraction=0.5))
+    assert set(np.flatnonzero(k2.sum(1))) <= {0, 1, 4, 6} and k2.sum() == 8
+    # the sizes may be traced: the schedule's values inside jit
+    f = jax.jit(lambda n, k: C.d3s_mask(a, h, m, gid, 2, samples_per_group=n, token_fraction=k, batch_samples=3))
+    np.testing.assert_array_equal(f(2, 0.25), want)
+    with pytest.raises(ValueError, match="token_fraction must be in"):
+        C.d3s_mask(a, h, m, gid, 2, samples_per_group=2, token_fraction=0.0)

@@ -190,6 +190,26 @@ def test_monte_carlo_estimators_refuse_reward_shaping():
                      num_samples=4)
 
 
+def test_d3s_down_samples_on_its_schedule_and_ends_as_grpo():
+    """Iteration 0: the loss mask is D^3S's (2 rows per group, a quarter of their tokens by |A| H);
+    from iteration total_steps on it is the whole response (GRPO)."""
+    tr = make("grpo", g=4, advantage={"name": "d3s", "total_steps": 2, "samples_init": 2, "tokens_init": 0.25})
+    fracs = []
+    for it in range(3):
+        m = tr.step()
+        b = tr.last_batch
+        p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+        cm = b["completion_mask"]
+        adv = core.grpo_advantages(b["scores"], cm, b["group_ids"], 4)
+        np.testing.assert_allclose(b["advantages"][:, p - 1:], np.asarray(adv), atol=1e-6)
+        size, frac = {0: (2, 0.25), 1: (3, 0.625), 2: (4, 1.0)}[it]
+        want = core.d3s_mask(adv, b["old_entropy"][:, p - 1:], cm, b["group_ids"], 4, samples_per_group=size,
+                             token_fraction=frac)
+        np.testing.assert_array_equal(b["loss_mask"][:, p - 1:], np.asarray(want) > 0)
+        fracs.append(m["advantages/loss_token_frac"])
+    assert fracs[0] < fracs[1] < fracs[2] == 1.0
+
+
 def test_prompt_confidence_is_the_prompts_least_likely_tokens():
     """ProGRPO's prompt input: the mean log-prob of the least likely fifth of each prompt's tokens
     under the policy before the update, from a teacher-forced pass over the prompt."""

@@ -16,6 +16,7 @@ SEED_ROWS = [r for r in catalog(library_only=True) if r["methods"]]
 # arguments a part cannot run without (no default: the paper's value was not found, or a reward function's name)
 REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advantage", "eapo"): {"gamma": 0.9},
             ("recipe.advantage", "arm"): {"alpha": 0.1},
+            ("recipe.advantage", "d3s"): {"total_steps": 2, "samples_init": 2, "tokens_init": 0.25},
             ("recipe.shaping", "fapo"): {"flaw_metric": "calls"},
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},
