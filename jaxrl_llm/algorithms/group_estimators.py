@@ -32,8 +32,9 @@ def agrae(x, *, alpha_s: float = 1.0, scale_by_std: bool = True, epsilon: float 
 
 @register_estimator("canon", paper="Conditional Advantage Estimation for Reinforcement Learning in Large Reasoning "
                                    "Models (CANON), arXiv:2509.23962",
-                    core=("canon_advantages",), group_relative=True, methods=(176,), tests=_T,
-                    verified="hand values, paper identity (mu = 1/2: Dr.GRPO)",
+                    core=("canon_advantages",), group_relative=True, methods=(176,),
+                    tests=_T + ", tests/conformance/test_verl_conformance.py",
+                    verified="hand values; paper identity (mu = 1/2, even groups: Dr.GRPO) checked against verl",
                     note="each group split at its median response length; canon_entropy splits by mean token entropy")
 def canon(x, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0, normalizer: float = 1.0) -> Advantages:
     """CANON with response length as the split metric."""
@@ -45,7 +46,8 @@ def canon(x, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0, normaliz
 @register_estimator("canon_entropy", paper="Conditional Advantage Estimation for Reinforcement Learning in Large "
                                            "Reasoning Models (CANON), arXiv:2509.23962",
                     core=("canon_advantages",), requires=("old_entropy",), group_relative=True, methods=(176,),
-                    tests=_T, verified="hand values",
+                    tests=_T + ", tests/conformance/test_verl_conformance.py",
+                    verified="hand values; paper identity (mu = 1/2, even groups: Dr.GRPO) checked against verl",
                     note="split metric: the sampling policy's mean token entropy over the response")
 def canon_entropy(x, *, mu: float = 1.0, alpha: float = 1.0, beta: float = 0.0, normalizer: float = 1.0
                   ) -> Advantages:

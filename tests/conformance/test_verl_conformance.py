@@ -18,6 +18,7 @@ import pytest
 from jaxrl_llm.core import advantages as A
 from jaxrl_llm.core import aggregation as G
 from jaxrl_llm.core import entropy as E
+from jaxrl_llm.core import group_advantages as GA
 from jaxrl_llm.core import kl as K
 from jaxrl_llm.core import policy_losses as P
 from jaxrl_llm.core import shaping as S
@@ -128,6 +129,25 @@ for seed, kind in itertools.product([0, 1], ["binary", "cont"]):
     case(f"remax-{seed}-{kind}", lambda r=rand_tr, b=bl, m=m: A.remax_advantages(r, b, m),
          fn="compute_remax_outcome_advantage", kind="adv",
          tensors={"token_level_rewards": rand_tr, "reward_baselines": bl, "response_mask": m})
+
+
+# CANON's identity against verl's Dr.GRPO estimator (GRPO without the std): with mu = 1/2, alpha = 1,
+# beta = 0 and groups of even size, the mean of the two halves' conditional advantages is r - mean_g r
+# whatever the split metric. Groups of 4 and 2 in shuffled order, ties in the metric, a group with
+# all-equal rewards.
+for seed, variant in itertools.product((0, 1), ("length", "entropy")):
+    d = _batch(seed)
+    rng = np.random.default_rng(100 + seed)
+    gid_even = rng.permutation(np.repeat(np.arange(4), [4, 4, 2, 2])).astype(np.int32)
+    s = d["cont"] if seed else d["scores"]
+    s = np.where(gid_even == gid_even[0], 0.25, s).astype(np.float32)
+    metric = (d["lengths"] if variant == "length" else rng.integers(0, 3, B)).astype(np.float32)
+    m = d["mask"]
+    case(f"canon-half-{seed}-{variant}",
+         lambda s=s, x=metric, m=m, g=gid_even, v=variant: GA.canon_advantages(s, x, m, g, 4, mu=0.5, variant=v),
+         fn="compute_grpo_outcome_advantage", kind="adv",
+         tensors={"token_level_rewards": _token_rewards(s, m), "response_mask": m}, index=gid_even,
+         kwargs={"norm_adv_by_std_in_grpo": False})
 
 
 # Optimal Token Baseline: both verl variants, on a batch built so that every branch fires: a
