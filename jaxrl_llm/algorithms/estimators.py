@@ -96,6 +96,10 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    # the training iteration the batch was sampled at (0-based), [N]: a schedule's clock
                                    "iteration": "sequence",
                                    "component_scores": "components",
+                                   # the run's per-prompt statistics before this step (prompt_store.STORE_INPUTS), [N]
+                                   "prompt_seen": "sequence", "prompt_pass_rate": "sequence",
+                                   "prompt_reward_mean": "sequence", "prompt_reward_var": "sequence",
+                                   "prompt_length_mean": "sequence", "prompt_last_step": "sequence",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",
                                    # 1 where the response did not finish (cut by the length budget), [N]

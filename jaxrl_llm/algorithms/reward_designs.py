@@ -170,17 +170,19 @@ def think_short(x: ShapingInputs, *, metric: str | None = None, threshold: float
 def hapo_history(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, weight: float = 1.0,
                  floor: float = -0.7, mode: str = "cosine") -> tuple[np.ndarray, dict]:
     """HAPO (history-aware): correctness plus the length reward against the prompt's shortest
-    correct response so far; the history (prompt text -> length) is this part's state and is
-    updated with the batch after scoring (the reward uses the history from before)."""
+    correct response so far; the history (prompt key -> length; the prompt text where there are
+    no keys) is this part's state (its slot of the prompt store) and is updated with the batch
+    after scoring (the reward uses the history from before)."""
     state = dict(x.state or {})
-    hist = np.array([state.get(p, 0.0) for p in x.prompts], np.float32)  # 0: no correct response yet
+    keys = x.prompt_keys or x.prompts
+    hist = np.array([state.get(p, 0.0) for p in keys], np.float32)  # 0: no correct response yet
     gid = np.asarray(x.group_ids, np.int32)
     correct = _correct(x, metric, threshold)
     r = core.hapo_history_reward(jnp.asarray(correct), jnp.asarray(x.lengths), jnp.asarray(hist[gid]), weight=weight,
                                  floor=floor, mode=mode)
     new = np.asarray(core.hapo_history_update(jnp.asarray(hist), jnp.asarray(correct), jnp.asarray(x.lengths),
                                               jnp.asarray(gid), x.num_groups))
-    for p, h in zip(x.prompts, new):
+    for p, h in zip(keys, new):
         if h > 0:  # the same prompt twice in a batch: the shorter of the two
             state[p] = min(float(h), state.get(p, float("inf")))
     return _replace(x, r), state
@@ -230,7 +232,7 @@ for _part in (
                                              "Policy Optimization, arXiv:2505.11225",
          core=("hapo_history_reward", "hapo_history_update"), methods=(10,),
          verified="hand values (the authors' code)", tests=_T, flags=(("stateful", True),),
-         note="per-prompt history (shortest correct length so far) kept by the trainer and checkpointed; cosine "
+         note="per-prompt history (shortest correct length so far) in the run's prompt store, checkpointed; cosine "
               "length reward, floor -0.7 for correct rows, never positive for wrong ones"),
     Part("self_play", self_play, paper="A Minimaximalist Approach to Reinforcement Learning from Human Feedback "
                                        "(Swamy et al.), arXiv:2401.04056",

@@ -37,7 +37,9 @@ class ShapingInputs:
     decoded completions (given to parts flagged ``needs_text``, else empty; flag value ``"raw"``:
     decoded with special tokens kept, e.g. control tokens added to the vocabulary), ``prompts``
     the ``num_groups`` prompts of the groups, ``step`` the training iteration the completions
-    were sampled at (0-based; a schedule's clock) and ``state`` a ``stateful`` part's state."""
+    were sampled at (0-based; a schedule's clock), ``state`` a ``stateful`` part's state (its
+    slot of the run's prompt store) and ``prompt_keys`` the groups' prompt keys in that store
+    (the data's source positions; empty outside a run)."""
 
     scores: np.ndarray
     lengths: np.ndarray
@@ -49,6 +51,7 @@ class ShapingInputs:
     prompts: tuple[str, ...] = ()
     step: int = 0
     state: Mapping | None = None
+    prompt_keys: tuple[str, ...] = ()
 
 
 SHAPING = new_registry("reward shaping", "recipe.shaping", "fn(x: ShapingInputs, **params) -> bonus [N]")

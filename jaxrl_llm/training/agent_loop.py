@@ -277,7 +277,8 @@ class AgentTrainer(RLTrainer):
         n = len(ep.tokens)
         step = StepBatch(arrays, rounds[0].scores, np.ones(n, bool), prompt_len, ep.prompts, ep.prompt_ids,
                          {"seed": list(ep.seeds)}, {}, inputs={k: v for k, v in turn_inputs.items()
-                                                               if k in rec.requires}, key=key)
+                                                               if k in rec.requires}, key=key,
+                         keys=[f"{self.spec.name}:seed {s}" for s in ep.seeds])
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires:
                 arrays["rollout_logp"] = arrays["old_logp"]
@@ -323,6 +324,15 @@ class AgentTrainer(RLTrainer):
             self._progress_metrics = jax.device_get(ms)
             self._progress_batch = None
         return out
+
+    def observe(self, step: StepBatch, rounds: list) -> None:
+        """The prompt store sees each training seed of the environment as a prompt: episode
+        returns as scores, policy tokens as lengths."""
+        seen = self.store.lookup(step.keys)["prompt_seen"]
+        self.store.observe(self.iteration, step.keys, rounds[0].scores, step.arrays["completion_mask"].sum(1),
+                           step.arrays["group_ids"])
+        step.metrics.update(self.store.summary())
+        step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
 
     def checkpoint_state(self) -> Any:
         """The loop's state (:meth:`RLTrainer.checkpoint_state`) plus the progress estimator's

@@ -66,7 +66,8 @@ class DataSpec:
     tag-format reward when ``format_weight > 0``. ``budgets``: HBPO's budget variants of every
     training prompt (``budget_template`` with ``{prompt}`` and ``{budget}``), consecutive, so
     prompt group ``g`` asks question ``g // k`` under budget ``g % k`` (``rollout.prompts_per_step``
-    counts questions).
+    counts questions). ``pass_threshold``: a response passes when its reward total is ``>=``
+    this (the pass rates of the run's per-prompt statistics, :class:`~jaxrl_llm.training.PromptStore`).
     """
 
     task: str = "arithmetic"
@@ -82,6 +83,7 @@ class DataSpec:
     format_weight: float = 0.0
     budgets: tuple[int, ...] = ()
     budget_template: str = "{prompt}\n(Answer within {budget} tokens.)"
+    pass_threshold: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,6 +61,7 @@ from jaxrl_llm.parallel.sharding import in_host_memory
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
 from jaxrl_llm.training.host_loop import HostLoop
+from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore, prompt_keys
 from jaxrl_llm.training.providers import INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
 from jaxrl_llm.training.recipes import RLRecipe, estimate_advantages
 from jaxrl_llm.training.rl import Critic, build_rl_batch, minibatches, to_target_aligned
@@ -81,6 +82,11 @@ def compute_advantages(rec: RLRecipe, scores, completion_mask, group_ids, num_gr
     base = {"scores": scores, "mask": completion_mask, "group_ids": group_ids,
             "valid": inputs.pop("valid", jnp.ones(jnp.shape(scores), bool))}
     return estimate_advantages(rec.estimator, rec.kl_reward, num_groups, {**base, **inputs})[0]
+
+
+def _slot(part_name: str) -> str:
+    """The prompt store's slot of a stateful shaping part."""
+    return f"shaping/{part_name}"
 
 
 def _merge_reward_metrics(outs: list) -> dict[str, float]:
@@ -148,6 +154,8 @@ class RLTrainer(HostLoop):
         default: the sampler's config with ``greedy=True, num_samples=1`` and the same buckets.
       aux_params: an auxiliary policy's params (same graph), required when the recipe reads
         ``aux_logp`` (RTO's DPO model).
+      store: the run's :class:`~jaxrl_llm.training.PromptStore` (per-prompt statistics, updated
+        after every step and checkpointed; default: a new one passing at reward >= 1).
       checkpointer, checkpoint_every, eval_fn, eval_every, log_fn, config: as
         :class:`~jaxrl_llm.training.host_loop.HostLoop` (``eval_fn(params, *frozen)``).
 
@@ -163,7 +171,8 @@ class RLTrainer(HostLoop):
 
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
-                 baseline_sampler: Sampler | None = None, aux_params: Any = None, **loop_kw: Any):
+                 baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
+                 **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -209,8 +218,12 @@ class RLTrainer(HostLoop):
         self.aux_samplers: dict = {}  # samplers of providers (Monte-Carlo continuations), built on first use
         self.kl_state = recipe.kl_controller.init() if recipe.kl_controller is not None else None
         names = [s.name for s in getattr(rewards, "specs", ())]
-        # stateful shaping parts (HAPO's per-prompt history): their state, checkpointed with the loop
-        self.shaping_state: dict[str, Any] = {sh.name: {} for sh in recipe.shaping if sh.part.flag("stateful")}
+        # per-prompt statistics, and the per-prompt state of stateful shaping parts (HAPO's
+        # history) in its slots; checkpointed with the loop
+        self.store = store if store is not None else PromptStore()
+        self._stateful = [sh.name for sh in recipe.shaping if sh.part.flag("stateful")]
+        for name in self._stateful:
+            self.store.slot(_slot(name))
         self._shaping_state_at_step: dict[str, Any] = {}
         for sh in recipe.shaping:  # a bad shaping argument fails here, not after the first rollout
             sh(ShapingInputs(np.zeros(1, np.float32), np.ones(1, np.int32), np.zeros(1, np.int32), 1,
@@ -219,6 +232,7 @@ class RLTrainer(HostLoop):
                              {} if sh.part.flag("stateful") else None))
         self.last_batch: dict[str, np.ndarray] | None = None
         self._last_prompts: list[str] = []
+        self._last_keys: list[str] = []
         self._est: dict = {}
 
     # ------------------------------------------------------------------ helpers for phases and providers
@@ -267,10 +281,11 @@ class RLTrainer(HostLoop):
                             failed={k: np.concatenate([o.failed[k] for o in outs]) for k in outs[0].failed},
                             metrics=_merge_reward_metrics(outs))
 
-    def shape(self, out, roll, prompts, *, update: bool = True) -> np.ndarray:
+    def shape(self, out, roll, prompts, keys=(), *, update: bool = True) -> np.ndarray:
         """``[N]`` float32 scores after the recipe's shaping (added to the reward total) of the
-        completions of ``prompts`` (one group each). ``update=False``: stateful parts read their
-        state as it was when the step began and keep it (a baseline's completions)."""
+        completions of ``prompts`` (one group each; ``keys``: their store keys). ``update=False``:
+        stateful parts read their state as it was when the step began and keep it (a baseline's
+        completions)."""
         num_groups = len(prompts)
         scores = np.asarray(out.total, np.float32)
         decoded: dict[bool, tuple[str, ...]] = {}
@@ -288,15 +303,15 @@ class RLTrainer(HostLoop):
             stateful = bool(sh.part.flag("stateful"))
             state = None
             if stateful:
-                state = (self.shaping_state if update else self._shaping_state_at_step)[sh.name]
+                state = self.store.slot(_slot(sh.name)) if update else self._shaping_state_at_step[sh.name]
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), num_groups,
                               self.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")),
-                              tuple(prompts), self.iteration, state)
+                              tuple(prompts), self.iteration, state, tuple(keys))
             bonus = sh(x)
             if stateful:
                 bonus, new = bonus
                 if update:
-                    self.shaping_state[sh.name] = dict(new)
+                    self.store.slots[_slot(sh.name)] = dict(new)
             scores = (scores + np.asarray(bonus)).astype(np.float32)
         return scores
 
@@ -348,7 +363,7 @@ class RLTrainer(HostLoop):
         kept: list[tuple[int, int]] = []
         dropped: list[tuple[int, int]] = []
         target = 0
-        self._shaping_state_at_step = dict(self.shaping_state)
+        self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         for r in range(gf.max_rounds):
             t0 = time.perf_counter()
             batch = next(self.data)
@@ -360,7 +375,8 @@ class RLTrainer(HostLoop):
             t0 = time.perf_counter()
             out = self.score(batch.prompts, batch.columns, roll, g)
             roll, out, cut = self.truncate(batch, roll, out, g)
-            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts), cut))
+            keys = prompt_keys(batch.where, batch.columns)
+            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts, keys), cut))
             keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -391,7 +407,8 @@ class RLTrainer(HostLoop):
         step = StepBatch(
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],
             prompt_ids, {k: [rounds[r].batch.columns[k][i] for r, i in groups] for k in rounds[0].batch.columns},
-            {k: cat(lambda x, k=k: x.out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key)
+            {k: cat(lambda x, k=k: x.out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
+            keys=[prompt_keys(rounds[r].batch.where, rounds[r].batch.columns)[i] for r, i in groups])
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires:
@@ -550,9 +567,10 @@ class RLTrainer(HostLoop):
         t0 = time.perf_counter()
         step_metrics, critic_metrics, empty = self.update(step, k_mb)
         t["time/update"] = time.perf_counter() - t0
+        self.observe(step, rounds)
         self.iteration += 1
         self._update_kl_controller(step, step_metrics)
-        self._last_prompts = step.prompts
+        self._last_prompts, self._last_keys = step.prompts, step.keys
         self.last_batch = dict(step.arrays, scores=step.scores, valid=step.valid, **step.inputs)
         return self.log(step, rounds, kept, target, step_metrics, critic_metrics, empty, t)
 
@@ -584,6 +602,17 @@ class RLTrainer(HostLoop):
                         **self._advantage_metrics(step), "tokens_per_s": gen_tokens / max(t["time/rollout"], 1e-9)})
         metrics.update(t)
         return metrics
+
+    def observe(self, step: StepBatch, rounds: list) -> None:
+        """Report every group sampled this step (kept or dropped by a group filter) to the prompt
+        store, with the raw reward totals; adds the store's metrics to the step's."""
+        seen = self.store.lookup(step.keys)["prompt_seen"] if step.keys else np.zeros(0)
+        for x in rounds:
+            self.store.observe(self.iteration, prompt_keys(x.batch.where, x.batch.columns), x.out.total,
+                               x.roll.lengths, x.roll.prompt_index)
+        step.metrics.update(self.store.summary())
+        if seen.size:
+            step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
 
     def _update_metrics(self, step_metrics: list, critic_metrics: list) -> dict[str, Any]:
         """Step and iteration, the update's metrics (means over mini-batches), the critic's."""
@@ -637,12 +666,21 @@ class RLTrainer(HostLoop):
         return out
 
     def loop_state(self) -> dict:
-        """The stateful shaping parts' state (HAPO's per-prompt history), when there is any."""
-        return {"shaping_state": self.shaping_state} if self.shaping_state else {}
+        """The prompt store (statistics and the stateful parts' slots)."""
+        return {"prompt_store": self.store.state_dict()}
 
     def load_loop_state(self, record: dict) -> None:
-        if self.shaping_state:
-            self.shaping_state = {k: dict(v) for k, v in record["shaping_state"].items()}
+        if "prompt_store" in record:
+            self.store.load_state_dict(record["prompt_store"])
+            return
+        if record.get("shaping_state"):
+            raise ValueError("this checkpoint keeps stateful shaping state by prompt text (written before the prompt "
+                             "store); it cannot be resumed by this version: start the run again")
+        if self._stateful or self.recipe.requires & set(STORE_INPUTS):
+            raise ValueError("this checkpoint was written before the prompt store; recipe "
+                             f"{self.recipe.name!r} reads per-prompt state, which it does not hold: start the run "
+                             "again")
+        # an older checkpoint of a recipe that does not read the store: statistics restart empty
 
     def load_checkpoint_state(self, state: Any) -> None:
         if self.critic is None and self.kl_state is None:

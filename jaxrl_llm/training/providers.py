@@ -32,6 +32,7 @@ from jaxrl_llm.algorithms.estimators import PROVIDED_INPUTS
 from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
 from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.objectives import critic_values, policy_logprobs
+from jaxrl_llm.training.prompt_store import STORE_INPUTS
 
 __all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "provider", "policy_logp", "policy_sum_pi_squared",
            "policy_entropy"]
@@ -60,6 +61,7 @@ class StepBatch:
       per_fn: each reward function's ``[N]`` scores (``NaN``: does not apply).
       metrics: extra metrics of this step; timings: seconds per phase.
       key: the step's rollout key.
+      keys: per group, the prompt's key in the run's :class:`~jaxrl_llm.training.PromptStore`.
     """
 
     arrays: dict[str, np.ndarray]
@@ -74,6 +76,7 @@ class StepBatch:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     key: Any = None
+    keys: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def completion_mask(self) -> np.ndarray:
@@ -186,7 +189,7 @@ def _greedy_scores(tr, step: StepBatch) -> None:
     t0 = time.perf_counter()
     broll = tr.baseline_sampler(tr.state.params, step.prompt_ids, step.key, *tr.frozen)  # greedy: key unused
     out = tr.score(step.prompts, step.columns, broll, 1)
-    base = tr.shape(out, broll, step.prompts, update=False)
+    base = tr.shape(out, broll, step.prompts, step.keys, update=False)
     group = step.arrays["group_ids"]
     step.inputs["greedy_scores"] = base[group]
     valid_group = np.zeros(len(step.prompt_ids), bool)
@@ -362,3 +365,19 @@ def _component_scores(tr, step: StepBatch) -> None:
     step.inputs["component_scores"] = np.stack(
         [np.nan_to_num(np.asarray(step.per_fn[k], np.float32), nan=0.0) for k in names], axis=1)
     step.metrics["component_scores/count"] = float(len(names))
+
+
+def _store_input(name: str) -> Callable:
+    def fn(tr, step: StepBatch) -> None:
+        if not step.keys:
+            raise ValueError(f"input {name!r} reads the prompt statistics store, but this step's batch has no prompt "
+                             f"keys")
+        per_group = tr.store.lookup(step.keys)  # the store as it was when the step began
+        step.inputs[name] = per_group[name][np.asarray(step.arrays["group_ids"])]
+    fn.__name__ = f"_{name}"
+    fn.__doc__ = f"``[N]`` {STORE_INPUTS[name]} (:mod:`jaxrl_llm.training.prompt_store`)."
+    return fn
+
+
+for _name in STORE_INPUTS:
+    provider(_name)(_store_input(_name))

@@ -48,6 +48,7 @@ from jaxrl_llm.training.configs import (DataSpec, KLSpec, MeshSpec, ModelSpec, O
                                         RolloutSpec, RunSpec, SFTSpec)
 from jaxrl_llm.training.loading import load_policy, model_config
 from jaxrl_llm.training.optim import make_optimizer
+from jaxrl_llm.training.prompt_store import PromptStore
 from jaxrl_llm.training.recipes import RLRecipe, build_recipe
 from jaxrl_llm.training.telemetry import jsonable
 
@@ -376,7 +377,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         aux_params = load_aux_params(cfg.model.aux_params, params)
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
-                        aux_params=aux_params,
+                        aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer

@@ -164,11 +164,12 @@ def test_hapo_history_state_is_kept_across_steps_and_checkpointed(tmp_path):
     tr = make("grpo", g=4, reward=[target_frac], shaping={"name": "hapo_history", "threshold": 0.25})
     seen = {}
     for _ in range(3):
-        before = dict(tr.shaping_state["hapo_history"])
+        before = dict(tr.store.slot("shaping/hapo_history"))
         tr.step()
         b = tr.last_batch
         lens = b["completion_mask"].sum(1)
-        prompts = tr._last_prompts
+        prompts = tr._last_keys  # the history is keyed by the prompts' store keys (source positions)
+        assert len(set(prompts)) == len(prompts) and all(":" in k for k in prompts)
         hist = np.array([before.get(prompts[g], 0.0) for g in b["group_ids"]], np.float32)
         raw = np.array([target_frac(None, None, [row[-b["completion_mask"].shape[1]:][m].tolist()])[0]
                         for row, m in zip(b["tokens"], b["completion_mask"])])
@@ -179,14 +180,14 @@ def test_hapo_history_state_is_kept_across_steps_and_checkpointed(tmp_path):
             ok = correct & (b["group_ids"] == g)
             if ok.any():
                 seen[p] = min(seen.get(p, np.inf), float(lens[ok].min()))
-        assert tr.shaping_state["hapo_history"] == seen
+        assert tr.store.slot("shaping/hapo_history") == seen
     assert seen  # some prompt has had a correct answer
     tr.checkpointer = Checkpointer(tmp_path, keep_last=1)
     tr.save()
     tr.checkpointer.wait()
     fresh = make("grpo", g=4, reward=[target_frac], shaping={"name": "hapo_history", "threshold": 0.25})
     fresh.checkpointer = Checkpointer(tmp_path, keep_last=1)
-    assert fresh.restore() and fresh.shaping_state == tr.shaping_state
+    assert fresh.restore() and fresh.store.state_dict() == tr.store.state_dict()
     a, b_ = tr.step(), fresh.step()
     assert a["rewards/shaped/mean"] == b_["rewards/shaped/mean"] and a["loss"] == b_["loss"]
 

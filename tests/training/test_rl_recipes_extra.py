@@ -40,10 +40,12 @@ class ToyData:
         self.rows, self.b, self.pos = rows, batch_size, 0
 
     def __next__(self):
-        rows = [self.rows[(self.pos + i) % len(self.rows)] for i in range(self.b)]
+        idx = [(self.pos + i) % len(self.rows) for i in range(self.b)]
+        rows = [self.rows[i] for i in idx]
         self.pos += self.b
         ids = [list(p) for p, _ in rows]
-        return PromptBatch(ids, [str(p) for p in ids], ids, {"const": [c for _, c in rows]}, ["toy"] * self.b)
+        return PromptBatch(ids, [str(p) for p in ids], ids, {"const": [c for _, c in rows]},
+                           [f"toy:{i}" for i in idx])
 
     def get_state(self):
         return {"pos": self.pos}
