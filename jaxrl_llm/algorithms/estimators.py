@@ -100,6 +100,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "prompt_seen": "sequence", "prompt_pass_rate": "sequence",
                                    "prompt_reward_mean": "sequence", "prompt_reward_var": "sequence",
                                    "prompt_length_mean": "sequence", "prompt_last_step": "sequence",
+                                   # SPO's tracked success probability of the row's prompt (before the step), [N]
+                                   "spo_value": "sequence",
                                    # the answer cluster of each row (recipe.clusterer), [N] int
                                    "answer_ids": "sequence_int",
                                    # 1 where the response did not finish (cut by the length budget), [N]

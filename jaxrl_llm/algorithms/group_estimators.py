@@ -239,3 +239,29 @@ def hbpo(x, *, budgets: tuple = (512, 1024, 2048, 2560), beta: float = 4.0, max_
     return Advantages(core.hbpo_advantages(x["scores"], x["mask"], g, x.num_groups, budget, g // k, x.num_groups,
                                            beta=beta, max_length=max_length, intra_coef=intra_coef, epsilon=epsilon,
                                            valid=x.get("valid")))
+
+
+@register_estimator("single_stream_po", paper="Single-stream Policy Optimization (SPO), arXiv:2509.13232",
+                    core=("single_stream_advantages", "beta_tracker_update", "kl_adaptive_forgetting",
+                          "mean_abs_logp_change"), requires=("spo_value",), methods=(91,),
+                    tests="tests/core/test_curriculum.py, tests/training/test_selectors.py",
+                    verified="hand values (the authors' code)",
+                    note="rewards in [0, 1]; one sample per prompt (any G works); the tracker's state (alpha, beta, the "
+                         "prompt's last response and its log-probs) is in the prompt store; rho from the policy's "
+                         "change on that response (forgetting=kl) or constant; prior alpha = beta = 0.5 (the code's "
+                         "offline prior is not run)")
+def single_stream_po(x, *, epsilon: float = 1e-8, forgetting: str = "kl", rho: float = 0.875, half_life: float = 0.06,
+                     rho_min: float = 0.875, rho_max: float = 0.96, init_alpha: float = 0.5,
+                     init_beta: float = 0.5) -> Advantages:
+    """SPO: reward minus the prompt's tracked success probability, normalised over the batch
+    (the tracker's arguments are read by the loop when it updates the tracker after the step)."""
+    if forgetting not in ("kl", "constant"):
+        raise ValueError(f"recipe.advantage=single_stream_po: forgetting must be 'kl' or 'constant', got {forgetting!r}")
+    if not (init_alpha > 0 and init_beta > 0):
+        raise ValueError(f"recipe.advantage=single_stream_po: init_alpha and init_beta must be > 0, got {init_alpha}, "
+                         f"{init_beta}")
+    core.kl_adaptive_forgetting(jnp.zeros(1), half_life=half_life, rho_min=rho_min, rho_max=rho_max)  # checks
+    if not 0.0 < rho <= 1.0:
+        raise ValueError(f"recipe.advantage=single_stream_po: rho must be in (0, 1], got {rho}")
+    return Advantages(core.single_stream_advantages(x["scores"], x["spo_value"], x["mask"], x.get("valid"),
+                                                    epsilon=epsilon))

@@ -227,6 +227,12 @@ class AgentTrainer(RLTrainer):
             raise ValueError(f"recipe {recipe.name!r}: reward shaping, group filters and truncation act on single-turn "
                              f"completions; "
                              f"the agent loop does not run them (set recipe.shaping=[], no group filter and no truncation)")
+        if "spo_value" in recipe.requires:
+            raise ValueError(f"recipe {recipe.name!r}: SPO's tracker follows single-turn prompts; the agent loop does "
+                             f"not run it")
+        if recipe.selector is not None:
+            raise ValueError(f"recipe.selector={recipe.selector.name}: prompt selectors choose among data prompts; the "
+                             f"agent loop draws environment seeds (set recipe.selector=none)")
         if recipe.needs_progress_model and progress is None:
             raise ValueError(f"recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) reads a progress "
                              f"estimator's contributions: pass progress=Critic.create(cfg, optimizer, "

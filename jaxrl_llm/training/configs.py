@@ -92,7 +92,8 @@ class RolloutSpec:
     mesh -- ``"train"`` (the trainer's: FSDP-split weights are all-gathered layer by layer at
     every decoded token) or ``"tensor"`` (resharded once per rollout into a copy split over
     ``tensor`` only, :data:`jaxrl_llm.parallel.SAMPLER_RULES`; costs that copy's memory while
-    sampling)."""
+    sampling). ``candidates``: prompts drawn from the data per trained prompt, for
+    ``recipe.selector`` to choose from (1: no choice)."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -101,6 +102,7 @@ class RolloutSpec:
     top_p: float = 1.0
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256)
     sampler_weights: str = "train"
+    candidates: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +159,8 @@ class RecipeSpec:
         clusters (``answer``: equal extracted final answers; ``text``: equal completions).
       truncation: a cut of sampled responses before they are trained on, the cut responses
         scored again (``dot``: DOT's outlier truncation in all-correct groups).
+      selector: which of ``rollout.candidates`` x ``prompts_per_step`` candidate prompts a
+        step samples (``sec``, ``vas``, ...: curricula over the per-prompt statistics).
     """
 
     name: str = "grpo"
@@ -180,6 +184,7 @@ class RecipeSpec:
     progress_lr: float = 1e-5
     clusterer: Choice = dataclasses.field(default_factory=Choice)
     truncation: Choice = dataclasses.field(default_factory=Choice)
+    selector: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,8 +44,10 @@ filter decisions and metrics are identical on every host and equal to a one-proc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -55,14 +57,15 @@ import numpy as np
 
 from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.algorithms.sampling import ShapingInputs
-from jaxrl_llm.data.pipeline import repeat_columns
+from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
+from jaxrl_llm.data.pipeline import PromptBatch, repeat_columns
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
 from jaxrl_llm.parallel.sharding import in_host_memory
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
 from jaxrl_llm.training.host_loop import HostLoop
 from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore, prompt_keys
-from jaxrl_llm.training.providers import INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
+from jaxrl_llm.training.providers import AFTER_UPDATE, INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
 from jaxrl_llm.training.recipes import RLRecipe, estimate_advantages
 from jaxrl_llm.training.rl import Critic, build_rl_batch, minibatches, to_target_aligned
 
@@ -82,6 +85,9 @@ def compute_advantages(rec: RLRecipe, scores, completion_mask, group_ids, num_gr
     base = {"scores": scores, "mask": completion_mask, "group_ids": group_ids,
             "valid": inputs.pop("valid", jnp.ones(jnp.shape(scores), bool))}
     return estimate_advantages(rec.estimator, rec.kl_reward, num_groups, {**base, **inputs})[0]
+
+
+FEEDBACK = "selector/feedback"  # the store slot of the last trained step's per-prompt feedback to a selector
 
 
 def _slot(part_name: str) -> str:
@@ -156,6 +162,8 @@ class RLTrainer(HostLoop):
         ``aux_logp`` (RTO's DPO model).
       store: the run's :class:`~jaxrl_llm.training.PromptStore` (per-prompt statistics, updated
         after every step and checkpointed; default: a new one passing at reward >= 1).
+      candidates: with a prompt selector (``recipe.selector``), data batches hold this many
+        candidates per trained prompt and the selector picks ``len(batch) // candidates``.
       checkpointer, checkpoint_every, eval_fn, eval_every, log_fn, config: as
         :class:`~jaxrl_llm.training.host_loop.HostLoop` (``eval_fn(params, *frozen)``).
 
@@ -172,7 +180,7 @@ class RLTrainer(HostLoop):
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
-                 **loop_kw: Any):
+                 candidates: int = 1, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -208,6 +216,14 @@ class RLTrainer(HostLoop):
         if agent_only:
             raise ValueError(f"recipe {recipe.name!r} requires {sorted(agent_only)}, which only an agent run provides "
                              f"(multi-turn episodes: AgentTrainer, an AgentRunConfig experiment)")
+        if not isinstance(candidates, int) or candidates < 1:
+            raise ValueError(f"rollout.candidates must be an int >= 1, got {candidates!r}")
+        if recipe.selector is None and candidates > 1:
+            raise ValueError(f"rollout.candidates={candidates} draws candidate prompts for a selector, but recipe "
+                             f"{recipe.name!r} has none (set recipe.selector, or rollout.candidates=1)")
+        if recipe.selector is not None and candidates < 2:
+            raise ValueError(f"recipe.selector={recipe.selector.name} chooses among candidate prompts: set "
+                             f"rollout.candidates >= 2 (candidates drawn per trained prompt)")
         missing = recipe.requires - set(PROVIDERS) - set(INTRINSIC) - set(self.own_inputs)
         if missing:
             raise ValueError(f"recipe {recipe.name!r} requires {sorted(missing)}, which no provider computes")
@@ -221,6 +237,10 @@ class RLTrainer(HostLoop):
         # per-prompt statistics, and the per-prompt state of stateful shaping parts (HAPO's
         # history) in its slots; checkpointed with the loop
         self.store = store if store is not None else PromptStore()
+        self.candidates = candidates
+        if "spo_value" in recipe.requires:
+            self.store.slot(SPO_SLOT)  # SPO's tracker (prompt selectors may read it from the first step)
+        self._select_metrics: dict[str, float] = {}
         self._stateful = [sh.name for sh in recipe.shaping if sh.part.flag("stateful")]
         for name in self._stateful:
             self.store.slot(_slot(name))
@@ -366,7 +386,7 @@ class RLTrainer(HostLoop):
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         for r in range(gf.max_rounds):
             t0 = time.perf_counter()
-            batch = next(self.data)
+            batch = self.next_batch(r)
             t["time/data"] += time.perf_counter() - t0
             target = target or len(batch)
             t0 = time.perf_counter()
@@ -384,6 +404,39 @@ class RLTrainer(HostLoop):
             if len(kept) >= target:
                 break
         return rounds, kept, dropped, target
+
+    def next_batch(self, round_index: int):
+        """The next data batch; with a selector, the candidates it picks (its state and the
+        feedback it consumed are updated in the store)."""
+        batch = next(self.data)
+        sel = self.recipe.selector
+        if sel is None:
+            return batch
+        if len(batch) % self.candidates:
+            raise ValueError(f"a data batch of {len(batch)} prompts is not a multiple of rollout.candidates="
+                             f"{self.candidates}")
+        b = len(batch) // self.candidates
+        keys = prompt_keys(batch.where, batch.columns)
+        name = f"selector/{sel.name}"
+        feedback = self.store.slots.get(FEEDBACK) or None
+        rng = np.random.default_rng([self.seed, self.iteration, round_index, 0x5E1EC7])
+        stats = self.store.lookup(keys)
+        x = SelectInputs(tuple(keys), batch.columns, stats, b, self.iteration, rng,
+                         copy.deepcopy(self.store.slot(name)), copy.deepcopy(feedback),
+                         types.MappingProxyType(self.store.slots))
+        idx, new_state = sel(x)
+        idx = check_selection(sel.name, idx, len(batch), b)
+        self.store.slots[name] = dict(new_state)
+        self.store.slots[FEEDBACK] = {}  # consumed
+        seen = stats["prompt_seen"] > 0
+        self._select_metrics = {
+            "select/chosen_seen_frac": float(seen[idx].mean()),
+            "select/candidates_pass_rate": float(stats["prompt_pass_rate"][seen].mean()) if seen.any() else 0.0,
+            "select/chosen_pass_rate": float(stats["prompt_pass_rate"][idx][seen[idx]].mean()) if seen[idx].any()
+            else 0.0}
+        return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
+                           [batch.raw_prompts[i] for i in idx], {k: [v[i] for i in idx] for k, v in batch.columns.items()},
+                           [batch.where[i] for i in idx])
 
     def assemble(self, rounds: list[_Round], kept: list, dropped: list, target: int, key: jax.Array) -> StepBatch:
         """The train batch of ``target`` groups (fixed shape: dropped groups fill it as invalid
@@ -567,6 +620,8 @@ class RLTrainer(HostLoop):
         t0 = time.perf_counter()
         step_metrics, critic_metrics, empty = self.update(step, k_mb)
         t["time/update"] = time.perf_counter() - t0
+        for name in sorted(self.recipe.requires & set(AFTER_UPDATE)):  # trackers (SPO's), after the update
+            AFTER_UPDATE[name](self, step)
         self.observe(step, rounds)
         self.iteration += 1
         self._update_kl_controller(step, step_metrics)
@@ -613,6 +668,28 @@ class RLTrainer(HostLoop):
         step.metrics.update(self.store.summary())
         if seen.size:
             step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
+        # per trained group: mean |advantage| of its rows (over their response tokens), pass rate, spread
+        gid, valid = np.asarray(step.arrays["group_ids"]), np.asarray(step.valid)
+        cm = step.completion_mask
+        adv = np.abs(step.arrays["advantages"][:, step.prompt_len - 1:]) * cm
+        row_abs = adv.sum(1) / np.maximum(cm.sum(1), 1)
+        fb = {"step": self.iteration, "keys": [], "abs_adv": [], "pass_rate": [], "reward_mean": []}
+        spread = []
+        for g, key in enumerate(step.keys):
+            rows = (gid == g) & valid
+            if not rows.any():
+                continue
+            rec = self.store.records[key]  # this step's visit (raw rewards)
+            fb["keys"].append(key)
+            fb["abs_adv"].append(float(row_abs[rows].mean()))
+            fb["pass_rate"].append(rec["last_pass_rate"])
+            fb["reward_mean"].append(rec["last_reward_mean"])
+            spread.append(bool(np.ptp(np.asarray(step.scores)[rows]) > 0))
+        if spread:
+            step.metrics["prompts/spread_groups_frac"] = float(np.mean(spread))
+        if self.recipe.selector is not None:
+            self.store.slots[FEEDBACK] = fb
+            step.metrics.update(self._select_metrics)
 
     def _update_metrics(self, step_metrics: list, critic_metrics: list) -> dict[str, Any]:
         """Step and iteration, the update's metrics (means over mini-batches), the critic's."""

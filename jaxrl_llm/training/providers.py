@@ -29,13 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.algorithms.estimators import PROVIDED_INPUTS
+from jaxrl_llm.algorithms.selection import SPO_SLOT, spo_estimates
 from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
 from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.objectives import critic_values, policy_logprobs
 from jaxrl_llm.training.prompt_store import STORE_INPUTS
 
-__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "provider", "policy_logp", "policy_sum_pi_squared",
-           "policy_entropy"]
+__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "AFTER_UPDATE", "provider", "policy_logp",
+           "policy_sum_pi_squared", "policy_entropy"]
 
 #: inputs the loop has without a provider, and where they come from
 INTRINSIC = {"old_logp": "always in the batch (the sampler's, or recomputed with recipe.old_logp=recompute)",
@@ -381,3 +382,92 @@ def _store_input(name: str) -> Callable:
 
 for _name in STORE_INPUTS:
     provider(_name)(_store_input(_name))
+
+
+# ------------------------------------------------------------------------------------ trackers
+# Inputs backed by per-prompt state that the loop updates after the policy update (in the prompt
+# store, so it is checkpointed): name -> fn(trainer, step), run once per step after the update.
+AFTER_UPDATE: dict[str, Callable[[Any, StepBatch], None]] = {}
+
+
+
+def part_args(bound) -> dict[str, Any]:
+    """A bound part's arguments with the function's own defaults filled in."""
+    import inspect
+
+    sig = inspect.signature(bound.part.fn)
+    out = {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    out.update(dict(bound.kwargs))
+    return out
+
+
+@provider("spo_value")
+def _spo_value(tr, step: StepBatch) -> None:
+    """``[N]`` SPO's tracked success probability of each row's prompt, from before the step."""
+    args = part_args(tr.recipe.estimator)
+    p = spo_estimates(tr.store.slot(SPO_SLOT), step.keys, args["init_alpha"], args["init_beta"])
+    step.inputs["spo_value"] = p[np.asarray(step.arrays["group_ids"])]
+    step.metrics["tracker/value_mean"] = float(p.mean()) if p.size else 0.0
+
+
+def _spo_update(tr, step: StepBatch) -> None:
+    """SPO's tracker after the actor update: the forgetting factor of each prompt from the updated
+    policy's change on its stored response (or a constant), ``alpha, beta`` moved by each valid
+    row's reward in row order, and the prompt's newest response stored with its log-probs under
+    the updated policy (for the next visit's divergence)."""
+    import jax.numpy as jnp
+
+    from jaxrl_llm.core.curriculum import beta_tracker_update, kl_adaptive_forgetting, mean_abs_logp_change
+
+    args = part_args(tr.recipe.estimator)
+    a, p = step.arrays, step.prompt_len
+    gid, valid = np.asarray(a["group_ids"]), np.asarray(step.valid)
+    scores = np.asarray(step.scores, np.float64)
+    bad = valid & ~((scores >= 0.0) & (scores <= 1.0))
+    if bad.any():
+        raise ValueError(f"recipe.advantage=single_stream_po tracks a success probability: rewards must be in [0, 1], "
+                         f"got {scores[bad][:4].tolist()} (rows {np.flatnonzero(bad)[:4].tolist()})")
+    slot = tr.store.slot(SPO_SLOT)
+    keys = step.keys
+    n, width = a["tokens"].shape
+    t_len = width - p
+    rho = np.full(len(keys), float(args["rho"]), np.float32)
+    need_logp = args["forgetting"] == "kl"
+    if need_logp:
+        seen = [g for g, k in enumerate(keys) if k in slot and slot[k].get("response")]
+        div = np.zeros(len(keys), np.float32)
+        if seen:
+            toks = np.full((n, width), tr.sampler.config.pad_token_id, np.int32)
+            mask = np.zeros((n, width), bool)
+            stored = np.zeros((n, t_len), np.float32)
+            rmask = np.zeros((n, t_len), bool)
+            for j, g in enumerate(seen[:n]):
+                pid, resp = step.prompt_ids[g], slot[keys[g]]["response"]
+                if len(resp) > t_len:
+                    raise ValueError(f"SPO tracker: the stored response of {keys[g]!r} has {len(resp)} tokens, more "
+                                     f"than this run's rollout.max_new_tokens allow ({t_len})")
+                toks[j, p - len(pid):p], mask[j, p - len(pid):p] = pid, True
+                toks[j, p:p + len(resp)], mask[j, p:p + len(resp)] = resp, True
+                stored[j, :len(resp)], rmask[j, :len(resp)] = slot[keys[g]]["logp"], True
+            lp = np.asarray(tr.logp(tr.state.params, tr.frozen, toks, mask))[:, p - 1:]
+            d = np.asarray(mean_abs_logp_change(jnp.asarray(stored), jnp.asarray(lp), jnp.asarray(rmask)))
+            div[seen[:n]] = d[:len(seen[:n])]
+            step.metrics["tracker/divergence_mean"] = float(d[:len(seen[:n])].mean())
+        rho = np.asarray(kl_adaptive_forgetting(jnp.asarray(div), half_life=args["half_life"],
+                                                rho_min=args["rho_min"], rho_max=args["rho_max"]))
+        now = np.asarray(tr.logp(tr.state.params, tr.frozen, a["tokens"], a["mask"]))[:, p - 1:]
+    cm = np.asarray(a["completion_mask"], bool)
+    for i in np.flatnonzero(valid):
+        g = int(gid[i])
+        entry = dict(slot.get(keys[g], {"alpha": float(args["init_alpha"]), "beta": float(args["init_beta"])}))
+        al, be = beta_tracker_update(entry["alpha"], entry["beta"], float(scores[i]), float(rho[g]))
+        entry["alpha"], entry["beta"] = float(al), float(be)
+        if need_logp:  # the prompt's newest response (the last valid row of its group)
+            entry["response"] = a["tokens"][i, p:][cm[i]].tolist()
+            entry["logp"] = [float(v) for v in now[i][cm[i]]]
+        slot[keys[g]] = entry
+    step.metrics["tracker/rho_mean"] = float(rho.mean()) if rho.size else 0.0
+    step.metrics["tracker/prompts"] = float(len(slot))
+
+
+AFTER_UPDATE["spo_value"] = _spo_update

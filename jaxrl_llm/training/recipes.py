@@ -30,6 +30,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS,
                                   KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
                                   TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
+from jaxrl_llm.algorithms.selection import SELECTORS
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
 from jaxrl_llm.config import Choice
 from jaxrl_llm.training.configs import KLSpec, RecipeSpec
@@ -83,6 +84,7 @@ class RLRecipe:
         (:data:`jaxrl_llm.algorithms.CLUSTERERS`).
       truncation: a cut of the sampled responses before scoring for training
         (:data:`jaxrl_llm.algorithms.TRUNCATIONS`), or ``None``.
+      selector: the prompt selector (:data:`jaxrl_llm.algorithms.SELECTORS`), or ``None``.
     """
 
     name: str
@@ -105,6 +107,7 @@ class RLRecipe:
     spec: RecipeSpec | None = None
     clusterer: Bound | None = None
     truncation: Bound | None = None
+    selector: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -169,7 +172,7 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                 entropy_coef=0.0, is_weights=Choice("none"), rejection=Choice("none"), shaping=Choice("none"),
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
                 num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
-                truncation=Choice("none"))
+                truncation=Choice("none"), selector=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -248,6 +251,14 @@ PRESETS: dict[str, Preset] = {
     "loop": Preset(_spec("loop", "loop", _ppo_loss(1.0 - 1.0 / 1.1, 0.1, dual_clip=None), "seq-mean-token-mean",
                          epochs=2), 6,
                    "Reinforcement Learning for Long-Horizon Interactive LLM Agents (LOOP), arXiv:2502.01600"),
+    # SPO: one sample per prompt, the tracker's baseline, global normalisation; the authors' clip
+    # 0.2 / 0.28 with dual clip 10, token-mean, no KL (prioritised sampling: recipe.selector=spo_priority
+    # with rollout.candidates > 1)
+    "single_stream_po": Preset(_spec("single_stream_po", "single_stream_po", _ppo_loss(0.2, 0.28, dual_clip=10.0),
+                                     "token-mean"), 1,
+                               "Single-stream Policy Optimization (SPO), arXiv:2509.13232",
+                               "add recipe.selector=spo_priority and rollout.candidates=k for the prioritised "
+                               "sampling (the code picks 1024 of 14000 prompts per step)"),
     # DisCO / DRPO: their own objective (the advantages are not used), no clipping, no reference KL
     # (the squared-hinge constraint is to the sampling policy), 8 samples, whole groups per mini-batch
     "disco": Preset(_spec("disco", "grpo", Choice("disco"), "token-mean"), 8,
@@ -440,6 +451,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                                    f"(recipe.advantage=gae), not {est.name}")
     clusterer = _bound(CLUSTERERS, s.clusterer, "recipe.clusterer")
     truncation = _optional(TRUNCATIONS, s.truncation, "recipe.truncation")
+    selector = _optional(SELECTORS, s.selector, "recipe.selector")
     _trial(est, loss, kl_reward, num_samples)
     try:
         return RLRecipe(s.name, est, objective, num_samples=num_samples, epochs=s.epochs,
@@ -447,7 +459,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                         kl_reward=kl_reward, kl_controller=controller, value_objective=value_objective,
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
                         is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
-                        truncation=truncation)
+                        truncation=truncation, selector=selector)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 

@@ -119,9 +119,11 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
         if not ok:
             raise ConfigError(msg)
 
-    for key in ("prompts_per_step", "num_samples", "max_new_tokens"):
+    for key in ("prompts_per_step", "num_samples", "max_new_tokens", "candidates"):
         v = getattr(ro, key)
         need(isinstance(v, int) and v >= 1, f"rollout.{key} must be an int >= 1, got {v!r}")
+    need(ro.candidates == 1 or not d.budgets, f"rollout.candidates={ro.candidates} (a prompt selector) and data.budgets "
+                                              f"(HBPO's consecutive budget variants) cannot be combined")
     need(ro.temperature > 0, f"rollout.temperature must be > 0, got {ro.temperature} (the policy is trained on what "
                              f"it samples; greedy decoding is for evaluation)")
     need(0 < ro.top_p <= 1, f"rollout.top_p must be in (0, 1], got {ro.top_p}")
@@ -344,7 +346,8 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             ref_params = jax.tree.map(lambda x: x.copy(), params)
     train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
-                          PromptDataConfig(batch_size=cfg.rollout.prompts_per_step, chat=cfg.data.chat,
+                          PromptDataConfig(batch_size=cfg.rollout.prompts_per_step * cfg.rollout.candidates,
+                                           chat=cfg.data.chat,
                                            budgets=tuple(cfg.data.budgets), budget_template=cfg.data.budget_template,
                                            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed + 1,
                                            max_prompt_tokens=cfg.data.max_prompt_tokens),
@@ -378,6 +381,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
+                        candidates=cfg.rollout.candidates,
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer

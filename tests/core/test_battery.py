@@ -286,6 +286,26 @@ for _name in ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "reinf
               "ngrpo_advantages"):
     R[_name] = (lambda s, m, _f=getattr(C, _name): _f(s, m, GID, NG), outcome, 1)
 
+# curricula (arms / candidates along the batch axis)
+R["td_update"] = (lambda q, r, o: C.td_update(q, r, o, 0.5),
+                  lambda s: [_n(s, (B,)), _n(s + 1, (B,)), _rng(s).integers(0, 2, B).astype(bool)], 2)
+R["boltzmann_probs"] = (lambda q, a: C.boltzmann_probs(q, a, 0.7),
+                        lambda s: [_n(s, (B,)), _rng(s).integers(0, 2, B).astype(bool)], 1)
+R["variance_promotion_score"] = (lambda p, d: C.variance_promotion_score(p, d, outcome_weight=0.8, diversity_weight=0.2),
+                                 lambda s: [_rng(s).uniform(0, 1, B).astype(np.float32),
+                                            _rng(s + 1).uniform(0, 1, B).astype(np.float32)], None)
+R["uncertainty_priority"] = (lambda p: C.uncertainty_priority(p), lambda s: [_rng(s).uniform(0, 1, B).astype(np.float32)],
+                             None)
+R["kl_adaptive_forgetting"] = (lambda d: C.kl_adaptive_forgetting(d), lambda s: [np.abs(_n(s, (B,))) * 0.1], None)
+R["mean_abs_logp_change"] = (C.mean_abs_logp_change, lambda s: [_lp(s), _lp(s + 1), _mask(s)], 2)
+R["beta_tracker_update"] = (C.beta_tracker_update,
+                            lambda s: [_rng(s).uniform(0.5, 3, B).astype(np.float32),
+                                       _rng(s + 1).uniform(0.5, 3, B).astype(np.float32),
+                                       _rng(s).integers(0, 2, B).astype(np.float32),
+                                       _rng(s).uniform(0.875, 0.96, B).astype(np.float32)], None)
+R["single_stream_advantages"] = (lambda sc, b, m: C.single_stream_advantages(sc, b, m),
+                                 lambda s: [_scores(s), _rng(s).uniform(0, 1, B).astype(np.float32), _mask(s)], 2)
+
 EXEMPT = {
     "AGG_MODES": "constant", "AggMode": "type alias", "KL_ESTIMATORS": "constant", "KLControllerState": "NamedTuple",
     "PreferenceOutput": "NamedTuple", "DPO_LOSS_TYPES": "constant", "CPO_LOSS_TYPES": "constant",

@@ -20,7 +20,8 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.shaping", "fapo"): {"flaw_metric": "calls"},
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},
-            ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1}}
+            ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
+            ("recipe.selector", "sec"): {"column": "const"}}
 
 
 def _id(r):
@@ -40,7 +41,7 @@ def _kind(r) -> str:
     if _needs_agent(r):
         return "agent"
     if r["key"] in ("recipe.advantage", "recipe.loss", "recipe.shaping", "recipe.truncation", "recipe.is_weights",
-                    "recipe.batch_filter"):
+                    "recipe.batch_filter", "recipe.selector"):
         return "rl"
     return "unknown"
 
@@ -73,6 +74,12 @@ def _rl(r):
         kw["stop"] = True
     if field == "loss" and r["name"] == "p3o":
         kw["g"] = 2
+    if field == "selector":
+        kw["candidates"] = 2
+        if r["name"] == "spo_priority":
+            preset, kw["g"], kw["reward"] = "single_stream_po", 1, [target_frac]
+    if field == "advantage" and r["name"] == "single_stream_po":
+        kw["reward"] = [target_frac]  # a success probability: rewards in [0, 1]
     tr = make(preset, **kw, **{field: args})
     return [tr.step() for _ in range(2)]
 
