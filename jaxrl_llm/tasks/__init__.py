@@ -8,6 +8,8 @@ a verifier (:meth:`~jaxrl_llm.tasks.base.Task.score`, and the TRL-style
 
 - :class:`Arithmetic`: ``What is 37 + 5?``; presets ``add1``, ``sub``, ``mul``, ``div``,
   ``add2x1``, ``add2``, ``add3``, ``mixed1``.
+- :class:`ArithmeticMix`: several arithmetic presets mixed, each row labelled with its ``level``
+  (presets ``add_levels``, ``four_ops``): known, varying difficulty for curricula.
 - :class:`Countdown`: reach a target with the given numbers and ``+ - * /``;
   ``Countdown.game24()``.
 - :class:`Formatting`: reorder words, answer in exact ``<answer>a, b, c</answer>`` format.
@@ -26,7 +28,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from jaxrl_llm.tasks.arithmetic import Arithmetic, find_numbers, parse_final_number
+from jaxrl_llm.tasks.arithmetic import Arithmetic, ArithmeticMix, find_numbers, parse_final_number
 from jaxrl_llm.tasks.base import SPLITS, Task, stable_hash
 from jaxrl_llm.tasks.countdown import Countdown, evaluate_expression, extract_expression, solve
 from jaxrl_llm.tasks.formatting import Formatting
@@ -34,6 +36,7 @@ from jaxrl_llm.tasks.formatting import Formatting
 __all__ = [
     "Task",
     "Arithmetic",
+    "ArithmeticMix",
     "Countdown",
     "Formatting",
     "TASKS",
@@ -50,6 +53,7 @@ __all__ = [
 #: Task name -> factory ``(preset=None, **kwargs) -> Task`` (``game24`` takes only kwargs).
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": Arithmetic.create,
+    "arithmetic_mix": ArithmeticMix.create,
     "countdown": Countdown.create,
     "game24": functools.partial(Countdown.create, "game24"),
     "formatting": Formatting.create,

@@ -304,3 +304,66 @@ def _split_sizes(task: Arithmetic) -> dict[str, int] | None:
     for k in keys:
         sizes[task.split_of(k)] += 1
     return sizes
+
+
+@dataclass(frozen=True)
+class ArithmeticMix(Task):
+    """Problems of several :class:`Arithmetic` presets mixed, each row labelled with its preset
+    in the ``level`` column: a task whose difficulty varies and is known (curricula such as
+    ``recipe.selector=sec`` with ``column=level`` choose among the levels).
+
+    Args:
+        levels: preset names of :class:`Arithmetic`, drawn uniformly for each problem.
+        answer_format, instruction: as :class:`Arithmetic`, for every level.
+
+    Rows: those of :class:`Arithmetic` plus ``level``. A problem's key is ``(level, key)``; the
+    train/eval split hashes it, so a level's eval problems are never trained on. A level whose
+    eval problems run out stops appearing in the eval stream (the small ones first).
+    """
+
+    levels: tuple[str, ...] = ("add1", "add2x1", "add2", "add3")
+    answer_format: str = "plain"
+    instruction: str | None = None
+
+    name: ClassVar[str] = "arithmetic_mix"
+    required_columns: ClassVar[tuple[str, ...]] = ("answer",)
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "add_levels": dict(levels=("add1", "add2x1", "add2", "add3")),
+        "four_ops": dict(levels=("add1", "sub", "mul", "div")),
+    }
+
+    def __post_init__(self) -> None:
+        levels = (self.levels,) if isinstance(self.levels, str) else tuple(self.levels)
+        if not levels:
+            raise ValueError("levels must name at least one Arithmetic preset")
+        bad = [lv for lv in levels if lv not in Arithmetic.PRESETS]
+        if bad:
+            raise ValueError(f"levels: unknown Arithmetic preset(s) {bad}; known: {sorted(Arithmetic.PRESETS)}")
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"levels must not repeat a preset, got {levels}")
+        object.__setattr__(self, "levels", levels)
+        # validates answer_format / instruction
+        Arithmetic.create(levels[0], answer_format=self.answer_format, instruction=self.instruction)
+
+    @functools.cached_property
+    def _tasks(self) -> dict[str, Arithmetic]:
+        return {lv: Arithmetic.create(lv, answer_format=self.answer_format, instruction=self.instruction)
+                for lv in self.levels}
+
+    def _propose(self, rng: random.Random) -> tuple[Hashable, Any]:
+        lv = rng.choice(self.levels)
+        key, payload = self._tasks[lv]._propose(rng)
+        return (lv, key), (lv, payload)
+
+    def _realize(self, key: Hashable, payload: Any, rng: random.Random) -> dict | None:
+        lv, inner = payload
+        row = self._tasks[lv]._realize(key[1], inner, rng)
+        return None if row is None else {**row, "level": lv}
+
+    def problem_key(self, row: Mapping[str, Any]) -> Hashable:
+        return (row["level"], self._tasks[row["level"]].problem_key(row))
+
+    def score(self, completion: str, row: Mapping[str, Any]) -> float:
+        """1.0 iff the final number of ``completion`` equals ``row["answer"]``."""
+        pred = parse_final_number(completion)
+        return 1.0 if pred is not None and pred == int(row["answer"]) else 0.0

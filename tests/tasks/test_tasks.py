@@ -16,6 +16,7 @@ import pytest
 from jaxrl_llm.tasks import (
     TASKS,
     Arithmetic,
+    ArithmeticMix,
     Countdown,
     Formatting,
     Task,
@@ -35,6 +36,7 @@ CONFIGS = [
     ("arith-tag", Arithmetic.preset("add2", answer_format="tag")),
     ("arith-boxed", Arithmetic.preset("mul", answer_format="boxed")),
     ("arith-neg", Arithmetic(ops=("-", "*"), operand_ranges=((-9, 9), (-9, 9)), allow_negative=True)),
+    *[(f"arith-mix-{p}", ArithmeticMix.preset(p)) for p in ArithmeticMix.PRESETS],
     ("countdown-default", Countdown()),
     ("countdown-3", Countdown.preset("countdown3")),
     ("countdown-4", Countdown.preset("countdown4")),
@@ -498,3 +500,18 @@ def test_registry_errors():
         get_task("arithmetic", digitz=2)
     with pytest.raises(ValueError, match="num_numbers"):
         get_task("countdown", num_numbers=0)
+
+
+def test_arithmetic_mix_labels_levels_and_scores_like_arithmetic():
+    task = get_task("arithmetic_mix", levels=("add1", "mul", "add3"))
+    rows = task.rows("train", 300, seed=1)
+    assert {r["level"] for r in rows} == {"add1", "mul", "add3"}
+    for r in rows[:50]:
+        inner = Arithmetic.preset(r["level"])
+        assert r["prompt"] == f"What is {r['a']} {r['op']} {r['b']}? Answer with the number only."
+        assert inner.score(str(r["answer"]), r) == task.score(str(r["answer"]), r) == 1.0
+        assert task.score(str(r["answer"] + 1), r) == 0.0
+        assert task.problem_key(r) == (r["level"], inner.problem_key(r))
+    with pytest.raises(ValueError, match="unknown Arithmetic preset"):
+        ArithmeticMix(levels=("add1", "nope"))
+    assert "arithmetic_mix" in TASKS
