@@ -10,6 +10,8 @@ a verifier (:meth:`~jaxrl_llm.tasks.base.Task.score`, and the TRL-style
   ``add2x1``, ``add2``, ``add3``, ``mixed1``.
 - :class:`ArithmeticMix`: several arithmetic presets mixed, each row labelled with its ``level``
   (presets ``add_levels``, ``four_ops``): known, varying difficulty for curricula.
+- :class:`ReasoningGym` (``reasoning_gym``): families of the reasoning-gym package with their
+  verifiers and difficulty settings, each row labelled with its family (optional extra ``tasks``).
 - :class:`Countdown`: reach a target with the given numbers and ``+ - * /``;
   ``Countdown.game24()``.
 - :class:`Formatting`: reorder words, answer in exact ``<answer>a, b, c</answer>`` format.
@@ -32,6 +34,7 @@ from jaxrl_llm.tasks.arithmetic import Arithmetic, ArithmeticMix, find_numbers, 
 from jaxrl_llm.tasks.base import SPLITS, Task, stable_hash
 from jaxrl_llm.tasks.countdown import Countdown, evaluate_expression, extract_expression, solve
 from jaxrl_llm.tasks.formatting import Formatting
+from jaxrl_llm.tasks.reasoning_gym import ReasoningGym
 
 __all__ = [
     "Task",
@@ -39,6 +42,7 @@ __all__ = [
     "ArithmeticMix",
     "Countdown",
     "Formatting",
+    "ReasoningGym",
     "TASKS",
     "get_task",
     "SPLITS",
@@ -57,6 +61,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "countdown": Countdown.create,
     "game24": functools.partial(Countdown.create, "game24"),
     "formatting": Formatting.create,
+    "reasoning_gym": ReasoningGym.create,
 }
 
 

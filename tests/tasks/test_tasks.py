@@ -19,6 +19,7 @@ from jaxrl_llm.tasks import (
     ArithmeticMix,
     Countdown,
     Formatting,
+    ReasoningGym,
     Task,
     evaluate_expression,
     extract_expression,
@@ -37,6 +38,8 @@ CONFIGS = [
     ("arith-boxed", Arithmetic.preset("mul", answer_format="boxed")),
     ("arith-neg", Arithmetic(ops=("-", "*"), operand_ranges=((-9, 9), (-9, 9)), allow_negative=True)),
     *[(f"arith-mix-{p}", ArithmeticMix.preset(p)) for p in ArithmeticMix.PRESETS],
+    ("reasoning-gym-arith-mix", ReasoningGym.preset("arith_mix")),
+    ("reasoning-gym-tag", ReasoningGym(datasets=("chain_sum",), answer_format="tag")),
     ("countdown-default", Countdown()),
     ("countdown-3", Countdown.preset("countdown3")),
     ("countdown-4", Countdown.preset("countdown4")),
@@ -515,3 +518,21 @@ def test_arithmetic_mix_labels_levels_and_scores_like_arithmetic():
     with pytest.raises(ValueError, match="unknown Arithmetic preset"):
         ArithmeticMix(levels=("add1", "nope"))
     assert "arithmetic_mix" in TASKS
+
+
+def test_reasoning_gym_rows_score_with_the_family_verifier():
+    task = get_task("reasoning_gym", preset="arith_mix")
+    rows = task.rows("train", 60, seed=2)
+    assert {r["level"] for r in rows} == {"chain_sum", "basic_arithmetic", "products"}
+    cols = {"answer": [r["answer"] for r in rows], "entry": [r["entry"] for r in rows]}
+    prompts = [r["prompt"] for r in rows]
+    assert task.reward(prompts, [r["solution"] for r in rows], **cols) == [1.0] * len(rows)
+    wrong = [str(int(float(r["answer"])) + 1) for r in rows]
+    assert task.reward(prompts, wrong, **cols) == [0.0] * len(rows)
+    tag = get_task("reasoning_gym", datasets=["chain_sum"], answer_format="tag")
+    r = tag.rows("eval", 1)[0]
+    assert tag.score(r["solution"], r) == 1.0 and tag.score(r["answer"], r) == 0.0  # no tag: 0
+    with pytest.raises(ValueError, match="unknown reasoning-gym family"):
+        get_task("reasoning_gym", datasets=["no_such_family"])
+    with pytest.raises(ValueError, match=r"config\['chain_sum'\].*refused"):
+        get_task("reasoning_gym", datasets=["chain_sum"], config={"chain_sum": {"min_terms": 5, "max_terms": 2}})
