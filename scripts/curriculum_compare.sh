@@ -25,8 +25,8 @@ def curve(run):
     pts = {}
     for line in open(f"{out}/{run}/metrics.jsonl"):
         d = json.loads(line)
-        if "eval/accuracy" in d and "iteration" in d:  # eval every 25 iterations, on that step's line
-            pts[d["iteration"]] = d["eval/accuracy"]
+        if "eval/accuracy" in d:  # on the line of the RL step it follows ("step": the iteration)
+            pts[d["step"]] = d["eval/accuracy"]
     return pts
 
 rows = []
