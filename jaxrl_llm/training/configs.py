@@ -93,7 +93,9 @@ class RolloutSpec:
     every decoded token) or ``"tensor"`` (resharded once per rollout into a copy split over
     ``tensor`` only, :data:`jaxrl_llm.parallel.SAMPLER_RULES`; costs that copy's memory while
     sampling). ``candidates``: prompts drawn from the data per trained prompt, for
-    ``recipe.selector`` to choose from (1: no choice)."""
+    ``recipe.selector`` to choose from (1: no choice). ``staleness``: sample with the policy of
+    that many updates before (off-policy; needs ``recipe.old_logp=recompute``, corrected by
+    ``recipe.is_weights`` / ``recipe.rejection``)."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -103,6 +105,7 @@ class RolloutSpec:
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256)
     sampler_weights: str = "train"
     candidates: int = 1
+    staleness: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
+from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
 from jaxrl_llm.algorithms.sampling import ShapingInputs
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
 from jaxrl_llm.data.pipeline import PromptBatch, repeat_columns
@@ -164,6 +165,12 @@ class RLTrainer(HostLoop):
         after every step and checkpointed; default: a new one passing at reward >= 1).
       candidates: with a prompt selector (``recipe.selector``), data batches hold this many
         candidates per trained prompt and the selector picks ``len(batch) // candidates``.
+      staleness: ``k >= 1`` samples each step with the policy of ``k`` updates before (the
+        initial policy for the first ``k`` steps; one-step-off-policy training for ``k = 1``).
+        Needs ``recipe.old_logp=recompute``: the ratio's old policy is the current one, and the
+        sampler's log-probs are the behaviour policy's (``rollout_logp``) for the recipe's
+        importance correction (``recipe.is_weights=tis`` / ``icepop``, ``recipe.rejection``);
+        the mismatch is logged (``offpolicy/*``). The past policies are checkpointed.
       checkpointer, checkpoint_every, eval_fn, eval_every, log_fn, config: as
         :class:`~jaxrl_llm.training.host_loop.HostLoop` (``eval_fn(params, *frozen)``).
 
@@ -180,7 +187,7 @@ class RLTrainer(HostLoop):
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
-                 candidates: int = 1, **loop_kw: Any):
+                 candidates: int = 1, staleness: int = 0, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -216,6 +223,12 @@ class RLTrainer(HostLoop):
         if agent_only:
             raise ValueError(f"recipe {recipe.name!r} requires {sorted(agent_only)}, which only an agent run provides "
                              f"(multi-turn episodes: AgentTrainer, an AgentRunConfig experiment)")
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ValueError(f"rollout.staleness must be an int >= 0, got {staleness!r}")
+        if staleness and not recipe.recompute_old_logp:
+            raise ValueError(f"rollout.staleness={staleness} samples with an older policy: set recipe.old_logp=recompute "
+                             f"(the ratio's old policy is then the current one, and the sampler's log-probs feed the "
+                             f"importance correction)")
         if not isinstance(candidates, int) or candidates < 1:
             raise ValueError(f"rollout.candidates must be an int >= 1, got {candidates!r}")
         if recipe.selector is None and candidates > 1:
@@ -238,6 +251,9 @@ class RLTrainer(HostLoop):
         # history) in its slots; checkpointed with the loop
         self.store = store if store is not None else PromptStore()
         self.candidates = candidates
+        self.staleness = staleness
+        # the policies of the last k updates, oldest first (copies: the train step donates its state)
+        self._stale: list = [jax.tree.map(jnp.copy, state.params)] * staleness
         if "spo_value" in recipe.requires:
             self.store.slot(SPO_SLOT)  # SPO's tracker (prompt selectors may read it from the first step)
         self._select_metrics: dict[str, float] = {}
@@ -390,7 +406,8 @@ class RLTrainer(HostLoop):
             t["time/data"] += time.perf_counter() - t0
             target = target or len(batch)
             t0 = time.perf_counter()
-            roll = self.sampler(self.state.params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen)
+            params = self._stale[0] if self.staleness else self.state.params
+            roll = self.sampler(params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen)
             t["time/rollout"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             out = self.score(batch.prompts, batch.columns, roll, g)
@@ -464,10 +481,15 @@ class RLTrainer(HostLoop):
             keys=[prompt_keys(rounds[r].batch.where, rounds[r].batch.columns)[i] for r, i in groups])
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
         if rec.recompute_old_logp:
-            if "rollout_logp" in rec.requires:
+            if "rollout_logp" in rec.requires or self.staleness:
                 arrays["rollout_logp"] = arrays["old_logp"]
             lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"])
             arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
+        if self.staleness:  # the behaviour (stale) policy against the current one, over the trained tokens
+            lm = arrays["loss_mask"] & valid[:, None]
+            met = core_ratio_metrics(jnp.asarray(arrays["old_logp"] - arrays["rollout_logp"]), jnp.asarray(lm))
+            step.metrics.update({f"offpolicy/{k}": float(v) for k, v in met.items()})
+            step.metrics["offpolicy/staleness"] = float(self.staleness)
         for name in sorted(rec.requires - set(INTRINSIC)):
             PROVIDERS[name](self, step)
         self._corrections(step)
@@ -618,8 +640,12 @@ class RLTrainer(HostLoop):
         t["time/estimate"] = time.perf_counter() - t1
         t["time/prepare"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        # the policy being updated now is the one the step k steps later samples with
+        current = jax.tree.map(jnp.copy, self.state.params) if self.staleness else None
         step_metrics, critic_metrics, empty = self.update(step, k_mb)
         t["time/update"] = time.perf_counter() - t0
+        if self.staleness:
+            self._stale = self._stale[1:] + [current]
         for name in sorted(self.recipe.requires & set(AFTER_UPDATE)):  # trackers (SPO's), after the update
             AFTER_UPDATE[name](self, step)
         self.observe(step, rounds)
@@ -733,13 +759,15 @@ class RLTrainer(HostLoop):
     def checkpoint_state(self) -> Any:
         """The train state, plus the critic's (``{"policy", "critic"}``) and the adaptive KL
         controller's (``"kl_controller"``) when the recipe has them."""
-        if self.critic is None and self.kl_state is None:
+        if self.critic is None and self.kl_state is None and not self.staleness:
             return self.state
         out: dict[str, Any] = {"policy": self.state}
         if self.critic is not None:
             out["critic"] = self.critic.state
         if self.kl_state is not None:
             out["kl_controller"] = self.kl_state
+        if self.staleness:
+            out["stale_params"] = list(self._stale)
         return out
 
     def loop_state(self) -> dict:
@@ -760,10 +788,12 @@ class RLTrainer(HostLoop):
         # an older checkpoint of a recipe that does not read the store: statistics restart empty
 
     def load_checkpoint_state(self, state: Any) -> None:
-        if self.critic is None and self.kl_state is None:
+        if self.critic is None and self.kl_state is None and not self.staleness:
             self.state = state
             return
         self.state = state["policy"]
+        if self.staleness:
+            self._stale = list(state["stale_params"])
         if self.critic is not None:
             self.critic.state = state["critic"]
         if self.kl_state is not None:

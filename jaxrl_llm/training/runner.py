@@ -119,6 +119,8 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
         if not ok:
             raise ConfigError(msg)
 
+    need(isinstance(ro.staleness, int) and not isinstance(ro.staleness, bool) and ro.staleness >= 0,
+         f"rollout.staleness must be an int >= 0, got {ro.staleness!r}")
     for key in ("prompts_per_step", "num_samples", "max_new_tokens", "candidates"):
         v = getattr(ro, key)
         need(isinstance(v, int) and v >= 1, f"rollout.{key} must be an int >= 1, got {v!r}")
@@ -381,7 +383,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
-                        candidates=cfg.rollout.candidates,
+                        candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer

@@ -121,7 +121,7 @@ class MismatchedSampler:
 
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
-         stop=False, mismatch=False, aux=False, candidates=1, **overrides):
+         stop=False, mismatch=False, aux=False, candidates=1, staleness=0, **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -147,7 +147,8 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
     # an auxiliary policy (RTO's DPO model): the initial weights, moved a little
     aux_params = commit(jax.tree.map(lambda x: x + 0.05 * np.sign(x), params)) if aux else None
     return RLTrainer(gd, state, step, sampler, ToyData(rows, prompts_per_step * candidates), rewards, rec, Tok(), seed=3,
-                     ref_params=ref_params, critic=critic, aux_params=aux_params, candidates=candidates)
+                     ref_params=ref_params, critic=critic, aux_params=aux_params, candidates=candidates,
+                     staleness=staleness)
 
 
 def max_diff(a, b):
