@@ -201,6 +201,16 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     rec = rl_recipe(cfg)
+    ro = cfg.rollout
+    if rec.selector is not None and ro.candidates < 2:
+        raise ConfigError(f"recipe.selector={rec.selector.name} chooses among candidate prompts: set "
+                          f"rollout.candidates >= 2 (candidates drawn per trained prompt)")
+    if rec.selector is None and ro.candidates > 1:
+        raise ConfigError(f"rollout.candidates={ro.candidates} draws candidate prompts for a selector, but the recipe "
+                          f"has none (set recipe.selector, or rollout.candidates=1)")
+    if ro.staleness and not rec.recompute_old_logp:
+        raise ConfigError(f"rollout.staleness={ro.staleness} samples with an older policy: set "
+                          f"recipe.old_logp=recompute (its log-probs become the behaviour policy's for the correction)")
     hbpo = [f"recipe.{k}" for k, p in (("advantage", rec.estimator), *(("shaping", x) for x in rec.shaping))
             if p.name == "hbpo"]
     for key in hbpo:

@@ -184,3 +184,23 @@ def test_spo_priority_selector_in_the_loop():
     for _ in range(2):
         m = tr.step()
     assert len(tr.store.slot(SPO_SLOT)) >= 2 and "select/chosen_seen_frac" in m
+
+
+def test_config_checks_name_the_fields():
+    from pathlib import Path
+
+    from jaxrl_llm.cli import load_experiment
+    from jaxrl_llm.config import ConfigError, apply_overrides
+    from jaxrl_llm.training.runner import check_rl
+
+    exp = load_experiment(Path(__file__).parents[2] / "experiments" / "tiny_curriculum.py")
+    assert check_rl(exp.default)["recipe"]["selector"]["name"] == "sec"
+    check_rl(apply_overrides(exp.default, ["recipe.selector=none", "rollout.candidates=1"]))
+    for overrides, msg in ((["rollout.candidates=1"], "rollout.candidates >= 2"),
+                           (["recipe.selector=none"], "has none"),
+                           (["rollout.staleness=1"], "recipe.old_logp=recompute"),
+                           (["rollout.staleness=-1"], "rollout.staleness must be an int >= 0"),
+                           (["data.budgets=[4,8]"], "cannot be combined")):
+        with pytest.raises(ConfigError, match=msg):
+            check_rl(apply_overrides(exp.default, overrides))
+    check_rl(apply_overrides(exp.default, ["rollout.staleness=1", "recipe.old_logp=recompute"]))
