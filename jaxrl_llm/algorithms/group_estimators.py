@@ -246,7 +246,8 @@ def hbpo(x, *, budgets: tuple = (512, 1024, 2048, 2560), beta: float = 4.0, max_
                           "mean_abs_logp_change"), requires=("spo_value",), methods=(91,),
                     tests="tests/core/test_curriculum.py, tests/training/test_selectors.py",
                     verified="hand values (the authors' code)",
-                    note="rewards in [0, 1]; one sample per prompt (any G works); the tracker's state (alpha, beta, the "
+                    note="rewards in [0, 1]; one sample per prompt (G > 1: one decay per visit, all rewards added); "
+                         "the tracker's state (alpha, beta, the "
                          "prompt's last response and its log-probs) is in the prompt store; rho from the policy's "
                          "change on that response (forgetting=kl) or constant; prior alpha = beta = 0.5 (the code's "
                          "offline prior is not run)")

@@ -124,9 +124,9 @@ def sec(x: SelectInputs, *, column: str, alpha: float = 0.5, temperature: float 
     fb = x.feedback
     if fb and fb.get("keys"):
         per: dict[str, list[float]] = {}
-        for key, a in zip(fb["keys"], fb["abs_adv"]):
-            if key in pending:
-                per.setdefault(pending[key], []).append(float(a))
+        got = dict(zip(fb["keys"], fb["abs_adv"]))
+        for key, c in pending.items():  # a selected prompt that was not trained on (a group filter
+            per.setdefault(c, []).append(float(got.get(key, 0.0)))  # dropped it) gave no gradient: 0
         arms = sorted(set(q) | set(per))
         new = core.td_update(jnp.array([q.get(c, initial) for c in arms]),
                              jnp.array([float(np.mean(per[c])) if c in per else 0.0 for c in arms]),

@@ -227,6 +227,9 @@ class AgentTrainer(RLTrainer):
             raise ValueError(f"recipe {recipe.name!r}: reward shaping, group filters and truncation act on single-turn "
                              f"completions; "
                              f"the agent loop does not run them (set recipe.shaping=[], no group filter and no truncation)")
+        if kw.get("staleness"):
+            raise ValueError("rollout.staleness: the agent loop samples with the current policy (stale rollouts are "
+                             "for single-turn runs)")
         if "spo_value" in recipe.requires:
             raise ValueError(f"recipe {recipe.name!r}: SPO's tracker follows single-turn prompts; the agent loop does "
                              f"not run it")
@@ -335,8 +338,9 @@ class AgentTrainer(RLTrainer):
         """The prompt store sees each training seed of the environment as a prompt: episode
         returns as scores, policy tokens as lengths."""
         seen = self.store.lookup(step.keys)["prompt_seen"]
-        self.store.observe(self.iteration, step.keys, rounds[0].scores, step.arrays["completion_mask"].sum(1),
-                           step.arrays["group_ids"])
+        arrays, _, _ = step.rows_as_sampled()  # the episodes' rows, in the order of rounds[0].scores
+        self.store.observe(self.iteration, step.keys, rounds[0].scores, arrays["completion_mask"].sum(1),
+                           arrays["group_ids"])
         step.metrics.update(self.store.summary())
         step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
 

@@ -574,6 +574,7 @@ class RLTrainer(HostLoop):
 
         def take(v):
             return v[idx] if np.ndim(v) and v.shape[0] == n else v
+        step.unfiltered = (step.arrays, step.scores, step.valid)  # for the per-prompt bookkeeping
         step.arrays = {k: take(v) for k, v in step.arrays.items()}
         step.inputs = {k: take(np.asarray(v)) for k, v in step.inputs.items()}
         step.scores, step.valid = step.scores[idx], step.valid[idx]
@@ -651,7 +652,7 @@ class RLTrainer(HostLoop):
         self.observe(step, rounds)
         self.iteration += 1
         self._update_kl_controller(step, step_metrics)
-        self._last_prompts, self._last_keys = step.prompts, step.keys
+        self._last_prompts, self._last_keys, self._last_step = step.prompts, step.keys, step
         self.last_batch = dict(step.arrays, scores=step.scores, valid=step.valid, **step.inputs)
         return self.log(step, rounds, kept, target, step_metrics, critic_metrics, empty, t)
 
@@ -695,9 +696,10 @@ class RLTrainer(HostLoop):
         if seen.size:
             step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
         # per trained group: mean |advantage| of its rows (over their response tokens), pass rate, spread
-        gid, valid = np.asarray(step.arrays["group_ids"]), np.asarray(step.valid)
-        cm = step.completion_mask
-        adv = np.abs(step.arrays["advantages"][:, step.prompt_len - 1:]) * cm
+        arrays, scores, valid = step.rows_as_sampled()
+        gid, valid = np.asarray(arrays["group_ids"]), np.asarray(valid)
+        cm = arrays["completion_mask"] & valid[:, None]
+        adv = np.abs(arrays["advantages"][:, step.prompt_len - 1:]) * cm
         row_abs = adv.sum(1) / np.maximum(cm.sum(1), 1)
         fb = {"step": self.iteration, "keys": [], "abs_adv": [], "pass_rate": [], "reward_mean": []}
         spread = []
@@ -710,7 +712,7 @@ class RLTrainer(HostLoop):
             fb["abs_adv"].append(float(row_abs[rows].mean()))
             fb["pass_rate"].append(rec["last_pass_rate"])
             fb["reward_mean"].append(rec["last_reward_mean"])
-            spread.append(bool(np.ptp(np.asarray(step.scores)[rows]) > 0))
+            spread.append(bool(np.ptp(np.asarray(scores)[rows]) > 0))
         if spread:
             step.metrics["prompts/spread_groups_frac"] = float(np.mean(spread))
         if self.recipe.selector is not None:

@@ -63,6 +63,8 @@ class StepBatch:
       metrics: extra metrics of this step; timings: seconds per phase.
       key: the step's rollout key.
       keys: per group, the prompt's key in the run's :class:`~jaxrl_llm.training.PromptStore`.
+      unfiltered: after a batch filter (PF-PPO's resample), ``(arrays, scores, valid)`` as they
+        were before it, for the per-prompt bookkeeping (the store, trackers); else ``None``.
     """
 
     arrays: dict[str, np.ndarray]
@@ -78,6 +80,11 @@ class StepBatch:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     key: Any = None
     keys: list[str] = dataclasses.field(default_factory=list)
+    unfiltered: tuple | None = None
+
+    def rows_as_sampled(self) -> tuple[dict, np.ndarray, np.ndarray]:
+        """``(arrays, scores, valid)`` of the rows as sampled (before any batch filter)."""
+        return self.unfiltered if self.unfiltered is not None else (self.arrays, self.scores, self.valid)
 
     @property
     def completion_mask(self) -> np.ndarray:
@@ -405,28 +412,32 @@ def part_args(bound) -> dict[str, Any]:
 def _spo_value(tr, step: StepBatch) -> None:
     """``[N]`` SPO's tracked success probability of each row's prompt, from before the step."""
     args = part_args(tr.recipe.estimator)
+    scores, valid = np.asarray(step.scores, np.float64), np.asarray(step.valid)
+    bad = valid & ~((scores >= 0.0) & (scores <= 1.0))
+    if bad.any():
+        raise ValueError(f"recipe.advantage=single_stream_po tracks a success probability: rewards (after shaping) must "
+                         f"be in [0, 1], got {scores[bad][:4].tolist()} (rows {np.flatnonzero(bad)[:4].tolist()})")
     p = spo_estimates(tr.store.slot(SPO_SLOT), step.keys, args["init_alpha"], args["init_beta"])
     step.inputs["spo_value"] = p[np.asarray(step.arrays["group_ids"])]
     step.metrics["tracker/value_mean"] = float(p.mean()) if p.size else 0.0
 
 
 def _spo_update(tr, step: StepBatch) -> None:
-    """SPO's tracker after the actor update: the forgetting factor of each prompt from the updated
-    policy's change on its stored response (or a constant), ``alpha, beta`` moved by each valid
-    row's reward in row order, and the prompt's newest response stored with its log-probs under
-    the updated policy (for the next visit's divergence)."""
+    """SPO's tracker after the actor update, once per prompt visit: the forgetting factor from the
+    updated policy's change on the prompt's stored response (or a constant), then ``alpha <- rho
+    alpha + sum r``, ``beta <- rho beta + sum (1 - r)`` over the prompt's valid rows (one row with
+    SPO's single sample), and the prompt's newest response stored with its log-probs under the
+    updated policy (for the next visit's divergence). Rows are those sampled (before a batch
+    filter); a response is the sampler's (rejection masks do not cut it)."""
     import jax.numpy as jnp
 
     from jaxrl_llm.core.curriculum import beta_tracker_update, kl_adaptive_forgetting, mean_abs_logp_change
 
     args = part_args(tr.recipe.estimator)
-    a, p = step.arrays, step.prompt_len
-    gid, valid = np.asarray(a["group_ids"]), np.asarray(step.valid)
-    scores = np.asarray(step.scores, np.float64)
-    bad = valid & ~((scores >= 0.0) & (scores <= 1.0))
-    if bad.any():
-        raise ValueError(f"recipe.advantage=single_stream_po tracks a success probability: rewards must be in [0, 1], "
-                         f"got {scores[bad][:4].tolist()} (rows {np.flatnonzero(bad)[:4].tolist()})")
+    a, scores, valid = step.rows_as_sampled()
+    p = step.prompt_len
+    gid, valid = np.asarray(a["group_ids"]), np.asarray(valid)
+    scores = np.asarray(scores, np.float64)
     slot = tr.store.slot(SPO_SLOT)
     keys = step.keys
     n, width = a["tokens"].shape
@@ -456,13 +467,16 @@ def _spo_update(tr, step: StepBatch) -> None:
         rho = np.asarray(kl_adaptive_forgetting(jnp.asarray(div), half_life=args["half_life"],
                                                 rho_min=args["rho_min"], rho_max=args["rho_max"]))
         now = np.asarray(tr.logp(tr.state.params, tr.frozen, a["tokens"], a["mask"]))[:, p - 1:]
-    cm = np.asarray(a["completion_mask"], bool)
-    for i in np.flatnonzero(valid):
-        g = int(gid[i])
+    cm = np.asarray(a["mask"], bool)[:, p:]  # the sampled response (a rejection mask does not cut it)
+    for g in sorted(set(gid[valid].tolist())):
+        rows = np.flatnonzero(valid & (gid == g))
         entry = dict(slot.get(keys[g], {"alpha": float(args["init_alpha"]), "beta": float(args["init_beta"])}))
-        al, be = beta_tracker_update(entry["alpha"], entry["beta"], float(scores[i]), float(rho[g]))
+        al, be = entry["alpha"], entry["beta"]
+        for j, i in enumerate(rows):  # the evidence decays once per visit, every row's reward is added
+            al, be = beta_tracker_update(al, be, float(scores[i]), float(rho[g]) if j == 0 else 1.0)
         entry["alpha"], entry["beta"] = float(al), float(be)
         if need_logp:  # the prompt's newest response (the last valid row of its group)
+            i = rows[-1]
             entry["response"] = a["tokens"][i, p:][cm[i]].tolist()
             entry["logp"] = [float(v) for v in now[i][cm[i]]]
         slot[keys[g]] = entry

@@ -174,7 +174,7 @@ def test_spo_refuses_rewards_outside_0_1():
     def two(prompts, completions, completion_ids, **_):
         return [2.0] * len(completions)
     tr = make("single_stream_po", g=1, prompts_per_step=2, reward=two)
-    with pytest.raises(ValueError, match=r"rewards must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"rewards \(after shaping\) must be in \[0, 1\]"):
         tr.step()
 
 
@@ -204,3 +204,24 @@ def test_config_checks_name_the_fields():
         with pytest.raises(ConfigError, match=msg):
             check_rl(apply_overrides(exp.default, overrides))
     check_rl(apply_overrides(exp.default, ["rollout.staleness=1", "recipe.old_logp=recompute"]))
+
+
+def test_sec_counts_selected_prompts_a_group_filter_dropped_as_zero_gain():
+    sec = SELECTORS["sec"].fn
+    fb = {"step": 0, "keys": ["p"], "abs_adv": [0.8], "pass_rate": [0.5], "reward_mean": [0.5]}
+    state = {"q": {"a": 0.0}, "pending": {"p": "a", "dropped": "a"}}
+    _, new = sec(_x(["c0"], 1, columns={"level": ["a"]}, state=state, feedback=fb), column="level")
+    assert new["q"]["a"] == pytest.approx(0.5 * 0.4)  # mean of 0.8 and 0 (the dropped group gave no gradient)
+
+
+def test_spo_tracker_uses_the_sampled_rows_under_a_batch_filter_and_one_decay_per_visit():
+    # PF-PPO resamples the train rows; the tracker still sees every sampled row once
+    tr = make("single_stream_po", g=2, prompts_per_step=2, rows=[(p, False) for p in PROMPTS[:2]],
+              batch_filter={"name": "pf_ppo"})
+    tr.step()
+    arrays, scores, valid = tr._last_step.rows_as_sampled()
+    slot = tr.store.slot(SPO_SLOT)
+    for g, k in enumerate(tr._last_keys):
+        r = scores[arrays["group_ids"] == g]
+        assert slot[k]["alpha"] == pytest.approx(0.96 * 0.5 + r.sum(), rel=1e-5)
+        assert slot[k]["beta"] == pytest.approx(0.96 * 0.5 + (1 - r).sum(), rel=1e-5)
