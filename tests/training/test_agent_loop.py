@@ -131,7 +131,7 @@ def _digest(tree):
     return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(jax.device_get(tree)))).hexdigest()
 
 
-@pytest.mark.parametrize("name", ["grpo", "spa"])
+@pytest.mark.parametrize("name", ["grpo", pytest.param("spa", marks=pytest.mark.slow)])
 def test_resume_is_bitwise(tmp_path, name):
     """GRPO, and SPA-RL with its critic and progress estimator in the checkpoint."""
     def run(tr, steps, ckpt=None):

@@ -73,7 +73,12 @@ def test_config_errors_name_the_key():
 ARGS = {"stratified": {"alpha": 0.5}, "riskpo": {"bundle_size": 2}, "arm": {"alpha": 0.1}}
 
 
-@pytest.mark.parametrize("name", NEW)
+# in the default suite: one estimator per provider it exercises (answer clusters, the sampling
+# policy's entropy, the prompt's confidence) and a plain one; all of them with -m slow
+LOOP_DEFAULT = ("seed_grpo", "canon_entropy", "arm", "riskpo")
+
+
+@pytest.mark.parametrize("name", [n if n in LOOP_DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in NEW])
 def test_two_steps_through_the_trainer(name):
     """Each estimator runs in the loop: finite metrics, the providers it needs ran, and the
     advantages in the batch are the estimator's."""
