@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.core import _checks
+
 __all__ = ["td_update", "boltzmann_probs", "variance_promotion_score", "uncertainty_priority", "kl_adaptive_forgetting",
            "mean_abs_logp_change", "beta_tracker_update", "single_stream_advantages"]
 
@@ -36,6 +38,7 @@ def td_update(values: jnp.ndarray, rewards: jnp.ndarray, observed: jnp.ndarray, 
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"td_update: alpha must be in [0, 1], got {alpha}")
+    _checks.check_same_shape("values", values, rewards=rewards, observed=observed)
     q = jnp.asarray(values, jnp.float32)
     r = jnp.where(observed, jnp.asarray(rewards, jnp.float32), q)
     return q + alpha * (r - q)
@@ -52,6 +55,7 @@ def boltzmann_probs(values: jnp.ndarray, available: jnp.ndarray, temperature: fl
     """
     if temperature <= 0:
         raise ValueError(f"boltzmann_probs: temperature must be > 0, got {temperature}")
+    _checks.check_same_shape("values", values, available=available)
     logits = jnp.where(available, jnp.asarray(values, jnp.float32) / temperature, -jnp.inf)
     p = jax.nn.softmax(jnp.where(jnp.any(available), logits, 0.0))
     return jnp.where(available, p, 0.0)
@@ -69,6 +73,7 @@ def variance_promotion_score(pass_rate: jnp.ndarray, diversity: jnp.ndarray | No
     Returns:
       ``[C]`` float32.
     """
+    _checks.check_same_shape("pass_rate", pass_rate, diversity=diversity)
     p = jnp.clip(jnp.asarray(pass_rate, jnp.float32), 0.0, 1.0)
     score = outcome_weight * p * (1.0 - p)
     if diversity is not None:
@@ -86,6 +91,8 @@ def uncertainty_priority(pass_rate: jnp.ndarray, *, epsilon: float = 0.05) -> jn
     Returns:
       ``[C]`` float32 (unnormalised).
     """
+    if epsilon < 0:
+        raise ValueError(f"uncertainty_priority: epsilon must be >= 0, got {epsilon}")
     p = jnp.clip(jnp.asarray(pass_rate, jnp.float32), 0.0, 1.0)
     return jnp.sqrt(p * (1.0 - p)) + epsilon
 
@@ -118,6 +125,7 @@ def kl_adaptive_forgetting(divergence: jnp.ndarray, *, half_life: float = 0.06, 
 def mean_abs_logp_change(stored_logp: jnp.ndarray, current_logp: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     """``[K]`` the token mean of ``|stored - current|`` log-probabilities over each row's masked
     tokens (0 for a row without tokens): SPO's divergence ``D``."""
+    _checks.check_token_args(stored_logp=stored_logp, current_logp=current_logp, mask=mask)
     m = jnp.asarray(mask).astype(jnp.float32)
     diff = jnp.where(m > 0, jnp.abs(jnp.asarray(stored_logp, jnp.float32) - jnp.asarray(current_logp, jnp.float32)),
                      0.0)
@@ -129,6 +137,7 @@ def beta_tracker_update(alpha: jnp.ndarray, beta: jnp.ndarray, reward: jnp.ndarr
     """SPO's discounted Beta posterior of a prompt's success probability:
     ``alpha <- rho alpha + r``, ``beta <- rho beta + (1 - r)`` for a reward ``r`` in ``[0, 1]``;
     the estimate is ``alpha / (alpha + beta)``."""
+    _checks.check_same_shape("alpha", alpha, beta=beta)
     a, b = jnp.asarray(alpha, jnp.float32), jnp.asarray(beta, jnp.float32)
     r, rho = jnp.asarray(reward, jnp.float32), jnp.asarray(rho, jnp.float32)
     return rho * a + r, rho * b + (1.0 - r)
@@ -152,6 +161,8 @@ def single_stream_advantages(scores: jnp.ndarray, baseline: jnp.ndarray, mask: j
     Returns:
       ``[N, T]`` float32, zero outside the mask and on invalid rows.
     """
+    n, _ = _checks.check_token_args(mask=mask)
+    _checks.check_seq_args(n, scores=scores, baseline=baseline, valid=valid)
     s = jnp.asarray(scores, jnp.float32)
     v = jnp.ones(s.shape, bool) if valid is None else jnp.asarray(valid).astype(bool)
     a = jnp.where(v, s - jnp.asarray(baseline, jnp.float32), 0.0)

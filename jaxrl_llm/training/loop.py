@@ -125,14 +125,15 @@ def _merge_reward_metrics(outs: list) -> dict[str, float]:
 
 @dataclasses.dataclass
 class _Round:
-    """One sampling round: the data batch, its rollout, its rewards and shaped scores (and how
-    many responses the recipe's truncation cut)."""
+    """One sampling round: the data batch, its rollout, its rewards and shaped scores, how many
+    responses the recipe's truncation cut, and the prompts' keys in the prompt store."""
 
     batch: Any
     roll: Any
     out: Any
     scores: np.ndarray
     truncated: int = 0
+    keys: list = dataclasses.field(default_factory=list)
 
 
 class RLTrainer(HostLoop):
@@ -413,7 +414,7 @@ class RLTrainer(HostLoop):
             out = self.score(batch.prompts, batch.columns, roll, g)
             roll, out, cut = self.truncate(batch, roll, out, g)
             keys = prompt_keys(batch.where, batch.columns)
-            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts, keys), cut))
+            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts, keys), cut, keys))
             keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -478,7 +479,7 @@ class RLTrainer(HostLoop):
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],
             prompt_ids, {k: [rounds[r].batch.columns[k][i] for r, i in groups] for k in rounds[0].batch.columns},
             {k: cat(lambda x, k=k: x.out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
-            keys=[prompt_keys(rounds[r].batch.where, rounds[r].batch.columns)[i] for r, i in groups])
+            keys=[rounds[r].keys[i] for r, i in groups])
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness:
@@ -690,8 +691,7 @@ class RLTrainer(HostLoop):
         store, with the raw reward totals; adds the store's metrics to the step's."""
         seen = self.store.lookup(step.keys)["prompt_seen"] if step.keys else np.zeros(0)
         for x in rounds:
-            self.store.observe(self.iteration, prompt_keys(x.batch.where, x.batch.columns), x.out.total,
-                               x.roll.lengths, x.roll.prompt_index)
+            self.store.observe(self.iteration, x.keys, x.out.total, x.roll.lengths, x.roll.prompt_index)
         step.metrics.update(self.store.summary())
         if seen.size:
             step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))

@@ -74,3 +74,14 @@ def test_single_stream_advantages_are_globally_normalised():
     out = np.asarray(C.single_stream_advantages(s, base, m, v))
     np.testing.assert_allclose(out[:3, 0], want3, rtol=1e-5)
     assert not out[3].any()
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ValueError, match="rewards"):
+        C.td_update(jnp.zeros(3), jnp.zeros(2), jnp.ones(3, bool), 0.5)
+    with pytest.raises(ValueError, match="baseline"):
+        C.single_stream_advantages(jnp.zeros(3), jnp.zeros(2), jnp.ones((3, 2)))
+    with pytest.raises(ValueError, match="current_logp"):
+        C.mean_abs_logp_change(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="epsilon"):
+        C.uncertainty_priority(jnp.zeros(2), epsilon=-1.0)
