@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.transformer import init_cache, unstack_layers
@@ -60,9 +61,22 @@ def _repeat_rows(cache, g: int):
                           next_position=rep(cache.next_position, 0))
 
 
+def _take_rows(cache, rows: jax.Array):
+    """The cache rows ``rows`` (``[N]`` indices into the prompts): a prompt's prefill shared by
+    the rows that continue it, however many each prompt has."""
+    take = lambda x, axis: jnp.take(x, rows, axis=axis)  # noqa: E731
+    if isinstance(cache.k, tuple):
+        return cache._replace(k=tuple(take(c, 0) for c in cache.k), v=tuple(take(c, 0) for c in cache.v),
+                              valid=take(cache.valid, 0), next_position=take(cache.next_position, 0))
+    return cache._replace(k=take(cache.k, 1), v=take(cache.v, 1), valid=take(cache.valid, 0),
+                          next_position=take(cache.next_position, 0))
+
+
 def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
-             key: jax.Array, config: SamplingConfig, *others: Any, unroll_layers: bool = False) -> Rollout:
-    """Sample ``config.num_samples`` completions of each left-padded prompt.
+             key: jax.Array, config: SamplingConfig, *others: Any, unroll_layers: bool = False,
+             row_prompt: jax.Array | None = None) -> Rollout:
+    """Sample ``config.num_samples`` completions of each left-padded prompt (or, with
+    ``row_prompt``, a number per prompt).
 
     Args:
       graphdef, params, *others: the split model (``nnx.split``), LM head.
@@ -76,6 +90,9 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
         weights and cache slice out of the stacks at every decode step; unrolled, each step
         reads them in place (much faster on XLA:CPU, same tokens; tested) at the price of a
         compile time that grows with depth.
+      row_prompt: optional ``[B * G]`` int32, the prompt each row continues (non-decreasing:
+        a prompt's rows are contiguous): variable samples per prompt within the same number of
+        rows (a rollout budget allocator). Each prompt is still prefilled once.
 
     Returns:
       :class:`Rollout` with ``N = B * G`` rows and ``T = config.max_new_tokens`` columns.
@@ -105,12 +122,19 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
         cache = cache._replace(k=tuple(constrain(c, names) for c in cache.k),
                                v=tuple(constrain(c, names) for c in cache.v))
     h, cache = model(prompt_tokens, prompt_mask, cache=cache, layers=layers)
-    logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
-    cache = _repeat_rows(cache, g)
+    if row_prompt is None:
+        logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
+        cache = _repeat_rows(cache, g)
+        row_prompt = jnp.repeat(jnp.arange(b, dtype=jnp.int32), g)
+    else:
+        if row_prompt.shape != (n,):
+            raise ValueError(f"generate: row_prompt must be [{n}] (B * num_samples), got {row_prompt.shape}")
+        row_prompt = row_prompt.astype(jnp.int32)
+        logits = jnp.take(model.logits(h[:, -1]), row_prompt, axis=0)
+        cache = _take_rows(cache, row_prompt)
     out = decode(model, layers, logits, cache, jnp.zeros((n,), bool), key, config)
     lengths = jnp.sum(out.mask, axis=-1).astype(jnp.int32)
-    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done,
-                   jnp.repeat(jnp.arange(b, dtype=jnp.int32), g))
+    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt)
 
 
 def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Array, key: jax.Array,
@@ -208,14 +232,28 @@ class Sampler:
     def _rows(self, b: int) -> int:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)
 
-    def __call__(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *others: Any) -> Rollout:
+    def __call__(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *others: Any,
+                 counts: Sequence[int] | None = None) -> Rollout:
+        """Completions of ``prompts``: ``num_samples`` each, or ``counts[i]`` of prompt ``i``
+        (ints >= 0 summing to ``len(prompts) * num_samples``: the same rows, divided unevenly;
+        a prompt with 0 is prefilled but gets no row). Rows are grouped by prompt, in order."""
         b = len(prompts)
         rows, length = self._rows(b), bucket(max(len(p) for p in prompts), self.length_buckets)
         tokens, mask = pad_prompts(prompts, length, rows, self.config.pad_token_id)
         self.compiled_shapes.add((rows, length))
+        kw = {}
+        if counts is not None:
+            c = np.asarray(counts)
+            g = self.config.num_samples
+            if c.shape != (b,) or (c.size and c.dtype.kind not in "iu") or (c < 0).any() or int(c.sum()) != b * g:
+                raise ValueError(f"Sampler: counts must be {b} ints >= 0 summing to {b * g} (prompts x num_samples), "
+                                 f"got {c.tolist()}")
+            # padded batch rows (batch buckets) continue the padding prompts, as without counts
+            kw["row_prompt"] = np.concatenate([np.repeat(np.arange(b), c), np.repeat(np.arange(b, rows), g)]
+                                              ).astype(np.int32)
         if self.mesh is None:
             out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
-                           unroll_layers=self._unroll(params, *others))
+                           unroll_layers=self._unroll(params, *others), **kw)
         else:
             sh = logical_sharding(("batch", None), self.mesh, shape=tokens.shape)
             tokens, mask = jax.device_put(tokens, sh), jax.device_put(mask, sh)
@@ -224,6 +262,6 @@ class Sampler:
                                                                                   self.param_rules))
             with jax.set_mesh(self.mesh):
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
-                               unroll_layers=self._unroll(params, *others))
+                               unroll_layers=self._unroll(params, *others), **kw)
         n = b * self.config.num_samples
         return Rollout(*(x[:n] for x in gather(out)))  # gather: every process gets every row (multi-host)

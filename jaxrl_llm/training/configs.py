@@ -95,7 +95,11 @@ class RolloutSpec:
     sampling). ``candidates``: prompts drawn from the data per trained prompt, for
     ``recipe.selector`` to choose from (1: no choice). ``staleness``: sample with the policy of
     that many updates before (off-policy; needs ``recipe.old_logp=recompute``, corrected by
-    ``recipe.is_weights`` / ``recipe.rejection``)."""
+    ``recipe.is_weights`` / ``recipe.rejection``). ``sampler_devices``: the first that many
+    devices run the sampler and the rest (``mesh``) the trainer (0: both on the whole mesh);
+    ``asynchronous``: with ``sampler_devices`` and ``staleness >= 1``, the next step's rollout is
+    sampled on the sampler's devices while this step's update runs (verl's one-step-off-policy
+    structure); the same run as without it, only faster."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -106,6 +110,8 @@ class RolloutSpec:
     sampler_weights: str = "train"
     candidates: int = 1
     staleness: int = 0
+    sampler_devices: int = 0
+    asynchronous: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +170,8 @@ class RecipeSpec:
         scored again (``dot``: DOT's outlier truncation in all-correct groups).
       selector: which of ``rollout.candidates`` x ``prompts_per_step`` candidate prompts a
         step samples (``sec``, ``vas``, ...: curricula over the per-prompt statistics).
+      allocator: how a step's ``prompts_per_step x num_samples`` rollouts are divided among its
+        prompts (``knapsack``: Knapsack RL; ``none``: ``num_samples`` each).
     """
 
     name: str = "grpo"
@@ -188,6 +196,7 @@ class RecipeSpec:
     clusterer: Choice = dataclasses.field(default_factory=Choice)
     truncation: Choice = dataclasses.field(default_factory=Choice)
     selector: Choice = dataclasses.field(default_factory=Choice)
+    allocator: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,6 +91,11 @@ class HostLoop:
         """Put restored arrays (of :meth:`checkpoint_state`'s structure) back in place."""
         self.state = state
 
+    def data_state(self) -> Any:
+        """The data iterator's state a checkpoint records (a loop that reads ahead returns the
+        state before what it has read ahead)."""
+        return self.data.get_state()
+
     def loop_state(self) -> dict:
         """JSON-able loop state a subclass adds to the checkpoint record (besides the counters)."""
         return {}
@@ -102,7 +107,7 @@ class HostLoop:
         """Checkpoint the train state, the data iterator's state and the history."""
         if self.checkpointer is None:
             return
-        self.checkpointer.save(self.iteration, self.checkpoint_state(), data_state=self.data.get_state(),
+        self.checkpointer.save(self.iteration, self.checkpoint_state(), data_state=self.data_state(),
                                loop={"iteration": self.iteration, "seed": self.seed, **self.loop_state()},
                                config=self.config,
                                history=self.history, metrics=metrics)

@@ -58,8 +58,9 @@ import numpy as np
 from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
 from jaxrl_llm.algorithms.sampling import ShapingInputs
+from jaxrl_llm.algorithms.allocation import AllocateInputs, check_allocation, history_window
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
-from jaxrl_llm.data.pipeline import PromptBatch, repeat_columns
+from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
 from jaxrl_llm.parallel.sharding import in_host_memory
 from jaxrl_llm.rewards.base import RewardOutput
@@ -121,6 +122,22 @@ def _merge_reward_metrics(outs: list) -> dict[str, float]:
         else:  # errors, timeouts, nonfinite, seconds, failed rows
             merged[k] = float(np.sum(vals))
     return merged
+
+
+def _subset(batch: PromptBatch, idx) -> PromptBatch:
+    """The prompts ``idx`` of a batch, in that order."""
+    return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
+                       [batch.raw_prompts[i] for i in idx], {k: [v[i] for i in idx] for k, v in batch.columns.items()},
+                       [batch.where[i] for i in idx])
+
+
+def _drop_unsampled(batch: PromptBatch, roll: Rollout, counts: np.ndarray) -> tuple[PromptBatch, Rollout]:
+    """The prompts an allocator gave rollouts, and the rollout's prompt ids renumbered to them."""
+    keep = np.flatnonzero(counts > 0)
+    new_id = np.full(len(counts), -1, np.int64)
+    new_id[keep] = np.arange(len(keep))
+    pidx = new_id[np.asarray(roll.prompt_index)].astype(np.int32)
+    return _subset(batch, keep), roll._replace(prompt_index=pidx)
 
 
 @dataclasses.dataclass
@@ -188,7 +205,7 @@ class RLTrainer(HostLoop):
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
-                 candidates: int = 1, staleness: int = 0, **loop_kw: Any):
+                 candidates: int = 1, staleness: int = 0, asynchronous: bool = False, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -230,6 +247,17 @@ class RLTrainer(HostLoop):
             raise ValueError(f"rollout.staleness={staleness} samples with an older policy: set recipe.old_logp=recompute "
                              f"(the ratio's old policy is then the current one, and the sampler's log-probs feed the "
                              f"importance correction)")
+        if asynchronous:
+            why = ("rollout.staleness >= 1 (the rollout of the next step is sampled during this step's update, with "
+                   "the policy from before it)" if not staleness else
+                   "no recipe.selector (it reads the prompt statistics of the step still being trained)"
+                   if recipe.selector is not None else
+                   "no recipe.allocator (it reads the prompt statistics of the step still being trained)"
+                   if recipe.allocator is not None else
+                   "one process (a background sampling thread and the trainer's collectives could interleave "
+                   "differently on each host)" if jax.process_count() > 1 else "")
+            if why:
+                raise ValueError(f"rollout.asynchronous=true needs {why}")
         if not isinstance(candidates, int) or candidates < 1:
             raise ValueError(f"rollout.candidates must be an int >= 1, got {candidates!r}")
         if recipe.selector is None and candidates > 1:
@@ -251,8 +279,22 @@ class RLTrainer(HostLoop):
         # per-prompt statistics, and the per-prompt state of stateful shaping parts (HAPO's
         # history) in its slots; checkpointed with the loop
         self.store = store if store is not None else PromptStore()
+        window = history_window(recipe.allocator)
+        if window and self.store.recent_window != window:
+            if len(self.store):
+                raise ValueError(f"recipe.allocator={recipe.allocator.name} reads each prompt's last {window} outcomes, "
+                                 f"but the given store (with records) keeps {self.store.recent_window}")
+            self.store.recent_window = window
+        self._alloc_metrics: dict[str, float] = {}
         self.candidates = candidates
         self.staleness = staleness
+        # asynchronous rollout: the next step's first sampling round runs in a background thread
+        # (on the sampler's own devices) while this step's update runs
+        self.asynchronous = bool(asynchronous)
+        self._pool = None
+        self._pending: tuple | None = None  # (iteration, batch, future) of the read-ahead rollout
+        self._data_state_ahead: Any = None  # the data state before the read-ahead batch
+        self._update_interval = (0.0, 0.0)
         # the policies of the last k updates, oldest first (copies: the train step donates its state)
         self._stale: list = [jax.tree.map(jnp.copy, state.params)] * staleness
         if "spo_value" in recipe.requires:
@@ -289,27 +331,39 @@ class RLTrainer(HostLoop):
         """The sampling key of round ``round_index`` of a step (group filters)."""
         return rollout_key if round_index == 0 else jax.random.fold_in(rollout_key, round_index)
 
-    def _score_groups(self, prompts, columns: dict, roll, g: int, lo: int, hi: int):
-        """Rewards of the rows of prompts ``lo:hi`` (whole groups)."""
-        rows = slice(lo * g, hi * g)
+    @staticmethod
+    def _row_prompts(prompts, roll) -> np.ndarray:
+        """``[N]`` the position in ``prompts`` of each row's prompt: the rollout's distinct prompt
+        ids in increasing order are the prompts (each prompt has at least one row)."""
+        pidx = np.asarray(roll.prompt_index)
+        ids = np.unique(pidx)
+        if len(ids) != len(prompts):
+            raise ValueError(f"internal: a rollout of {len(ids)} distinct prompts scored against {len(prompts)} prompts")
+        return np.searchsorted(ids, pidx)
+
+    def _score_groups(self, prompts, columns: dict, roll, lo: int, hi: int):
+        """Rewards of the rows of prompts ``lo:hi`` (whole groups, of any sizes)."""
+        pos = self._row_prompts(prompts, roll)
+        rows = np.flatnonzero((pos >= lo) & (pos < hi))
         toks, cmask = np.asarray(roll.tokens)[rows], np.asarray(roll.mask)[rows].astype(bool)
         completions = [self.tokenizer.decode(toks[i][cmask[i]], skip_special_tokens=True) for i in range(len(toks))]
-        return self.rewards([p for p in prompts[lo:hi] for _ in range(g)], completions,
+        cols = {k: list(v) for k, v in columns.items()}
+        return self.rewards([prompts[pos[i]] for i in rows], completions,
                             completion_ids=[toks[i][cmask[i]].tolist() for i in range(len(toks))],
                             completion_lengths=np.asarray(roll.lengths)[rows].tolist(),
                             group_ids=np.asarray(roll.prompt_index)[rows].tolist(),
-                            **repeat_columns({k: list(v)[lo:hi] for k, v in columns.items()}, g))
+                            **{k: [v[pos[i]] for i in rows] for k, v in cols.items()})
 
-    def score(self, prompts, columns: dict, roll, g: int):
+    def score(self, prompts, columns: dict, roll):
         """Rewards of every row. With several processes each scores a contiguous share of
         the groups (reward functions are the host-side cost that grows with the batch) and
         the outputs are exchanged, so every process ends with the same scores."""
         n_proc = jax.process_count()
         if n_proc == 1:
-            return self._score_groups(prompts, columns, roll, g, 0, len(prompts))
+            return self._score_groups(prompts, columns, roll, 0, len(prompts))
         bounds = np.linspace(0, len(prompts), n_proc + 1).round().astype(int)
         lo, hi = bounds[jax.process_index()], bounds[jax.process_index() + 1]
-        mine = self._score_groups(prompts, columns, roll, g, lo, hi) if hi > lo else None
+        mine = self._score_groups(prompts, columns, roll, lo, hi) if hi > lo else None
         outs = [o for o in allgather_objects(mine) if o is not None]
         if len(outs) == 1:
             return outs[0]
@@ -352,7 +406,7 @@ class RLTrainer(HostLoop):
             scores = (scores + np.asarray(bonus)).astype(np.float32)
         return scores
 
-    def truncate(self, batch, roll, out, g: int):
+    def truncate(self, batch, roll, out):
         """The recipe's truncation (DOT): cut responses to the lengths it returns and score the
         round again; ``(rollout, rewards, responses cut)``."""
         tr = self.recipe.truncation
@@ -370,11 +424,12 @@ class RLTrainer(HostLoop):
                              stopped=np.asarray(roll.stopped) & ~cut)
         # score again only the groups with a cut response (whole groups: reward functions see
         # group ids), the other rows keep their scores
-        groups = np.flatnonzero(cut.reshape(-1, g).any(axis=1))
-        rows = (groups[:, None] * g + np.arange(g)[None]).reshape(-1)
+        pidx = np.asarray(roll.prompt_index)
+        groups = np.unique(pidx[cut])
+        rows = np.flatnonzero(np.isin(pidx, groups))
         sub = type(roll)(*(np.asarray(x)[rows] for x in roll))
         again = self.score([batch.prompts[i] for i in groups],
-                           {k: [list(v)[i] for i in groups] for k, v in batch.columns.items()}, sub, g)
+                           {k: [list(v)[i] for i in groups] for k, v in batch.columns.items()}, sub)
         total = np.array(out.total, copy=True)
         total[rows] = again.total
         per_fn, failed = {}, {}
@@ -395,24 +450,35 @@ class RLTrainer(HostLoop):
     def collect(self, k_roll: jax.Array, t: dict) -> tuple[list[_Round], list[tuple[int, int]], list, int]:
         """Sampling rounds until the group filter has kept a batch of groups (one round without
         a filter): ``(rounds, kept (round, prompt) pairs, dropped pairs, batch size B)``."""
-        g, gf = self.recipe.num_samples, self.recipe.group_filter
+        gf = self.recipe.group_filter
         rounds: list[_Round] = []
         kept: list[tuple[int, int]] = []
         dropped: list[tuple[int, int]] = []
         target = 0
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         for r in range(gf.max_rounds):
+            if r == 0 and self._pending is not None:  # sampled during the last step's update
+                t0 = time.perf_counter()
+                batch, roll = self._take_ahead(t)
+                t["time/rollout"] += time.perf_counter() - t0
+                counts = None
+                target = len(batch)
+            else:
+                t0 = time.perf_counter()
+                batch = self.next_batch(r)
+                t["time/data"] += time.perf_counter() - t0
+                target = target or len(batch)
+                t0 = time.perf_counter()
+                params = self._stale[0] if self.staleness else self.state.params
+                counts = self.allocate(batch)
+                roll = self.sampler(params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen,
+                                    **({} if counts is None else {"counts": counts}))
+                t["time/rollout"] += time.perf_counter() - t0
+            if counts is not None and not counts.all():  # prompts given no rollout leave the round
+                batch, roll = _drop_unsampled(batch, roll, counts)
             t0 = time.perf_counter()
-            batch = self.next_batch(r)
-            t["time/data"] += time.perf_counter() - t0
-            target = target or len(batch)
-            t0 = time.perf_counter()
-            params = self._stale[0] if self.staleness else self.state.params
-            roll = self.sampler(params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen)
-            t["time/rollout"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            out = self.score(batch.prompts, batch.columns, roll, g)
-            roll, out, cut = self.truncate(batch, roll, out, g)
+            out = self.score(batch.prompts, batch.columns, roll)
+            roll, out, cut = self.truncate(batch, roll, out)
             keys = prompt_keys(batch.where, batch.columns)
             rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts, keys), cut, keys))
             keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
@@ -422,6 +488,46 @@ class RLTrainer(HostLoop):
             if len(kept) >= target:
                 break
         return rounds, kept, dropped, target
+
+    def _read_ahead(self, params) -> None:
+        """Start sampling the next step's first round in a background thread, with ``params``
+        (the policy that step samples with): its data batch is drawn now, in order."""
+        import concurrent.futures
+
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxrl-sampler")
+        it = self.iteration + 1
+        self._data_state_ahead = self.data.get_state()
+        batch = self.next_batch(0)
+        key = self.round_key(jax.random.split(self.rollout_key(it))[0], 0)
+        sampler, frozen = self.sampler, self.frozen
+
+        def work():
+            start = time.time()
+            roll = sampler(params, batch.prompt_ids, key, *frozen)
+            roll = type(roll)(*(np.asarray(x) for x in roll))  # wait for the devices here, not in the trainer
+            return roll, start, time.time()
+        self._pending = (it, batch, self._pool.submit(work))
+
+    def _take_ahead(self, t: dict):
+        """The read-ahead batch and rollout of this step, with the overlap of its sampling and
+        the last update (wall-clock intervals) in ``t``."""
+        it, batch, fut = self._pending
+        self._pending = None
+        if it != self.iteration:
+            raise RuntimeError(f"internal: a rollout read ahead for iteration {it} taken at {self.iteration}")
+        wait0 = time.perf_counter()
+        roll, start, end = fut.result()
+        u0, u1 = self._update_interval
+        t["async/wait_s"] = time.perf_counter() - wait0
+        t["async/sample_s"] = end - start
+        t["async/overlap_s"] = max(0.0, min(end, u1) - max(start, u0))
+        t["async/sample_start"], t["async/sample_end"] = start, end
+        t["async/update_start"], t["async/update_end"] = u0, u1
+        return batch, roll
+
+    def data_state(self) -> Any:
+        return self._data_state_ahead if self._pending is not None else self.data.get_state()
 
     def next_batch(self, round_index: int):
         """The next data batch; with a selector, the candidates it picks (its state and the
@@ -452,9 +558,23 @@ class RLTrainer(HostLoop):
             "select/candidates_pass_rate": float(stats["prompt_pass_rate"][seen].mean()) if seen.any() else 0.0,
             "select/chosen_pass_rate": float(stats["prompt_pass_rate"][idx][seen[idx]].mean()) if seen[idx].any()
             else 0.0}
-        return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
-                           [batch.raw_prompts[i] for i in idx], {k: [v[i] for i in idx] for k, v in batch.columns.items()},
-                           [batch.where[i] for i in idx])
+        return _subset(batch, idx)
+
+    def allocate(self, batch) -> np.ndarray | None:
+        """The recipe's allocator's rollouts per prompt of ``batch`` (``None``: ``num_samples``
+        each), from the store as it was when the step began."""
+        alloc = self.recipe.allocator
+        if alloc is None:
+            return None
+        keys = prompt_keys(batch.where, batch.columns)
+        g = self.recipe.num_samples
+        x = AllocateInputs(tuple(keys), types.MappingProxyType(self.store.records), self.store.lookup(keys), g,
+                           len(keys) * g, self.iteration, types.MappingProxyType(self.store.slots))
+        counts, metrics = alloc(x)
+        counts = check_allocation(alloc.name, counts, len(keys), len(keys) * g)
+        self._alloc_metrics = {**dict(metrics), "allocation/max": float(counts.max()),
+                               "allocation/min": float(counts.min()), "allocation/unsampled_prompts": float((counts == 0).sum())}
+        return counts
 
     def assemble(self, rounds: list[_Round], kept: list, dropped: list, target: int, key: jax.Array) -> StepBatch:
         """The train batch of ``target`` groups (fixed shape: dropped groups fill it as invalid
@@ -479,7 +599,7 @@ class RLTrainer(HostLoop):
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],
             prompt_ids, {k: [rounds[r].batch.columns[k][i] for r, i in groups] for k in rounds[0].batch.columns},
             {k: cat(lambda x, k=k: x.out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
-            keys=[rounds[r].keys[i] for r, i in groups])
+            keys=[rounds[r].keys[i] for r, i in groups], totals=cat(lambda x: x.out.total))
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness:
@@ -644,7 +764,11 @@ class RLTrainer(HostLoop):
         t0 = time.perf_counter()
         # the policy being updated now is the one the step k steps later samples with
         current = jax.tree.map(jnp.copy, self.state.params) if self.staleness else None
+        if self.asynchronous:  # the next step samples with the policy k - 1 updates before this one's
+            self._read_ahead((self._stale[1:] + [current])[0])
+        u0 = time.time()
         step_metrics, critic_metrics, empty = self.update(step, k_mb)
+        self._update_interval = (u0, time.time())
         t["time/update"] = time.perf_counter() - t0
         if self.staleness:
             self._stale = self._stale[1:] + [current]
@@ -679,6 +803,8 @@ class RLTrainer(HostLoop):
                             "sampling/filler_groups": float(n_groups - chosen),
                             "sampling/empty_minibatches": float(empty)})
         metrics.update(step.metrics)
+        if self.recipe.allocator is not None:
+            metrics.update(self._alloc_metrics)
         metrics.update({"response/length_mean": float(gen_lengths.mean()),
                         "response/length_max": float(gen_lengths.max()),
                         "response/stopped_frac": float(np.mean(gen_stopped)),
@@ -702,7 +828,7 @@ class RLTrainer(HostLoop):
         adv = np.abs(arrays["advantages"][:, step.prompt_len - 1:]) * cm
         row_abs = adv.sum(1) / np.maximum(cm.sum(1), 1)
         fb = {"step": self.iteration, "keys": [], "abs_adv": [], "pass_rate": [], "reward_mean": []}
-        spread = []
+        spread, group_rows = [], []
         for g, key in enumerate(step.keys):
             rows = (gid == g) & valid
             if not rows.any():
@@ -713,8 +839,12 @@ class RLTrainer(HostLoop):
             fb["pass_rate"].append(rec["last_pass_rate"])
             fb["reward_mean"].append(rec["last_reward_mean"])
             spread.append(bool(np.ptp(np.asarray(scores)[rows]) > 0))
+            group_rows.append(int(rows.sum()))
         if spread:
+            # the fraction of groups with a reward spread, and of samples in such groups (Knapsack
+            # RL's "effective gradient ratio": the samples with a non-zero GRPO gradient)
             step.metrics["prompts/spread_groups_frac"] = float(np.mean(spread))
+            step.metrics["prompts/effective_samples_frac"] = float(np.dot(spread, group_rows) / sum(group_rows))
         if self.recipe.selector is not None:
             self.store.slots[FEEDBACK] = fb
             step.metrics.update(self._select_metrics)
@@ -744,8 +874,16 @@ class RLTrainer(HostLoop):
         b = self.last_batch
         if b is None:
             return []
-        g = self.recipe.num_samples
-        order = [i for k in range(g) for i in range(k, len(b["valid"]), g)]  # sample k of every group, k = 0, 1, ...
+        if self.recipe.allocator is None:
+            g = self.recipe.num_samples
+            order = [i for k in range(g) for i in range(k, len(b["valid"]), g)]  # sample k of every group, k = 0, 1, ...
+        else:  # groups of different sizes: by rank within the group, then position
+            gid = np.asarray(b["group_ids"])
+            rank = np.zeros(len(gid), np.int64)
+            for grp in np.unique(gid):
+                rows = np.flatnonzero(gid == grp)
+                rank[rows] = np.arange(len(rows))
+            order = np.lexsort((np.arange(len(gid)), rank)).tolist()
         cmask = b["completion_mask"]
         p = b["tokens"].shape[1] - cmask.shape[1]
         out = []
@@ -790,6 +928,7 @@ class RLTrainer(HostLoop):
         # an older checkpoint of a recipe that does not read the store: statistics restart empty
 
     def load_checkpoint_state(self, state: Any) -> None:
+        self._pending = None  # a read-ahead rollout of the state being replaced
         if self.critic is None and self.kl_state is None and not self.staleness:
             self.state = state
             return

@@ -3,7 +3,9 @@
 Every RL step the loop reports each sampled group (the prompt's key, the responses' reward
 totals and lengths) to a :class:`PromptStore`. Per prompt it keeps exact running sums (pass
 count, reward sum and sum of squares, length sum), the shortest passing response, the step it
-was first and last sampled at and the last visit's pass rate and mean reward. Parts of a recipe
+was first and last sampled at, the last visit's sample count, pass rate and mean reward and,
+when a part asks for it (``recent_window``), the pass/fail outcomes of its last samples
+(``recent``: a string of ``0`` and ``1``, oldest first). Parts of a recipe
 read it two ways:
 
 * **estimators and losses** through inputs of the estimator protocol (``requires``):
@@ -44,7 +46,7 @@ STORE_INPUTS = {
 }
 
 _FIELDS = ("visits", "samples", "scored", "passes", "reward_sum", "reward_sq", "length_sum", "min_pass_length", "first_step",
-           "last_step", "last_pass_rate", "last_reward_mean")
+           "last_step", "last_pass_rate", "last_reward_mean", "last_samples")
 
 
 def prompt_keys(where: Sequence[str], columns: dict[str, list] | None = None) -> list[str]:
@@ -61,12 +63,17 @@ class PromptStore:
 
     Args:
       pass_threshold: a sample passes when its reward total is ``>=`` this.
+      recent_window: keep the pass/fail outcomes of each prompt's last this many samples (0:
+        none; Knapsack RL's estimate reads them).
     """
 
-    def __init__(self, pass_threshold: float = 1.0):
+    def __init__(self, pass_threshold: float = 1.0, recent_window: int = 0):
         if not math.isfinite(pass_threshold):
             raise ValueError(f"data.pass_threshold must be a finite number, got {pass_threshold!r}")
+        if isinstance(recent_window, bool) or not isinstance(recent_window, int) or recent_window < 0:
+            raise ValueError(f"PromptStore: recent_window must be an int >= 0, got {recent_window!r}")
         self.pass_threshold = float(pass_threshold)
+        self.recent_window = recent_window
         self.records: dict[str, dict[str, Any]] = {}
         self.slots: dict[str, dict[str, Any]] = {}
 
@@ -100,7 +107,8 @@ class PromptStore:
             if rec is None:
                 rec = self.records[key] = {"visits": 0, "samples": 0, "scored": 0, "passes": 0, "reward_sum": 0.0, "reward_sq": 0.0,
                                            "length_sum": 0, "min_pass_length": None, "first_step": int(step),
-                                           "last_step": int(step), "last_pass_rate": 0.0, "last_reward_mean": 0.0}
+                                           "last_step": int(step), "last_pass_rate": 0.0, "last_reward_mean": 0.0,
+                                           "last_samples": 0}
             rec["visits"] += 1
             rec["samples"] += n
             rec["scored"] += int(s_ok.size)
@@ -117,6 +125,10 @@ class PromptStore:
             rec["last_step"] = int(step)
             rec["last_pass_rate"] = float(passed.mean())
             rec["last_reward_mean"] = float(s_ok.mean()) if s_ok.size else 0.0
+            rec["last_samples"] = n
+            if self.recent_window:
+                outcomes = rec.get("recent", "") + "".join("1" if x else "0" for x in passed.tolist())
+                rec["recent"] = outcomes[-self.recent_window:]
 
     def slot(self, name: str) -> dict[str, Any]:
         """The per-prompt state of a stateful part (key -> JSON-able value), created empty."""
@@ -154,13 +166,21 @@ class PromptStore:
     # ------------------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pass_threshold": self.pass_threshold,
-                "records": {k: {f: r[f] for f in _FIELDS} for k, r in self.records.items()},
+        fields = _FIELDS + (("recent",) if self.recent_window else ())
+        return {"pass_threshold": self.pass_threshold, "recent_window": self.recent_window,
+                "records": {k: {f: r[f] for f in fields} for k, r in self.records.items()},
                 "slots": {k: dict(v) for k, v in self.slots.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if float(state["pass_threshold"]) != self.pass_threshold:
             raise ValueError(f"the checkpoint's prompt statistics count passes at reward >= "
                              f"{state['pass_threshold']} but this run's data.pass_threshold is {self.pass_threshold}")
-        self.records = {k: {f: r[f] for f in _FIELDS} for k, r in state["records"].items()}
+        saved = int(state.get("recent_window", 0))
+        if saved != self.recent_window:
+            raise ValueError(f"the checkpoint's prompt statistics keep the last {saved} outcomes per prompt but this "
+                             f"run's allocator reads {self.recent_window} (recipe.allocator.window)")
+        fields = _FIELDS + (("recent",) if self.recent_window else ())
+        # "last_samples" was added after the first checkpoints with a store: 0 there (no estimate reads it then)
+        self.records = {k: {f: r.get(f, 0) if f == "last_samples" else r[f] for f in fields}
+                        for k, r in state["records"].items()}
         self.slots = {k: dict(v) for k, v in state["slots"].items()}

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm.algorithms.estimators import PROVIDED_INPUTS
+from jaxrl_llm.algorithms.allocation import GVM_SLOT
 from jaxrl_llm.algorithms.selection import SPO_SLOT, spo_estimates
 from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
 from jaxrl_llm.parallel.multihost import gather
@@ -36,7 +37,7 @@ from jaxrl_llm.training.objectives import critic_values, policy_logprobs
 from jaxrl_llm.training.prompt_store import STORE_INPUTS
 
 __all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "AFTER_UPDATE", "provider", "policy_logp",
-           "policy_sum_pi_squared", "policy_entropy"]
+           "policy_sum_pi_squared", "policy_entropy", "policy_head_grad_norm"]
 
 #: inputs the loop has without a provider, and where they come from
 INTRINSIC = {"old_logp": "always in the batch (the sampler's, or recomputed with recipe.old_logp=recompute)",
@@ -65,6 +66,7 @@ class StepBatch:
       keys: per group, the prompt's key in the run's :class:`~jaxrl_llm.training.PromptStore`.
       unfiltered: after a batch filter (PF-PPO's resample), ``(arrays, scores, valid)`` as they
         were before it, for the per-prompt bookkeeping (the store, trackers); else ``None``.
+      totals: ``[N]`` the reward totals before shaping (what the prompt store counts a pass by).
     """
 
     arrays: dict[str, np.ndarray]
@@ -81,6 +83,7 @@ class StepBatch:
     key: Any = None
     keys: list[str] = dataclasses.field(default_factory=list)
     unfiltered: tuple | None = None
+    totals: np.ndarray | None = None
 
     def rows_as_sampled(self) -> tuple[dict, np.ndarray, np.ndarray]:
         """``(arrays, scores, valid)`` of the rows as sampled (before any batch filter)."""
@@ -149,11 +152,34 @@ def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tok
     hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(n, (length + pad) // c, c, d).swapaxes(0, 1)
 
     def one(hc):
-        logits = jnp.einsum("bcd,vd->bcv", hc.astype(jnp.float32), w.astype(jnp.float32))
+        logits = jnp.einsum("bcd,dv->bcv", hc.astype(jnp.float32), w.astype(jnp.float32))
         return sum_pi_squared_from_logits(logits, temperature)
 
     out = jax.lax.map(one, hp).swapaxes(0, 1).reshape(n, length + pad)
     return jax.lax.stop_gradient(out[:, :length])
+
+
+@partial(jax.jit, static_argnums=(0,))
+def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask):
+    """``[N]`` per row, the L2 norm of the gradient of the row's response log-likelihood
+    ``sum_t log pi(y_t)`` (temperature 1, over ``loss_mask``) with respect to the output
+    projection ``W [D, V]``: ``|| sum_t h_t (onehot(y_t) - pi_t)^T ||`` from the final hidden
+    states, one row at a time (``[L, V]`` logits per row, no backward pass)."""
+    from flax import nnx
+
+    model = nnx.merge(graphdef, params, *others)
+    hidden, _ = model(tokens, mask)
+    w = model.unembedding().astype(jnp.float32)
+
+    def one(args):
+        h, y, m = args
+        h = h.astype(jnp.float32)
+        p = jax.nn.softmax(h @ w, axis=-1)
+        e = (jax.nn.one_hot(y, w.shape[1], dtype=jnp.float32) - p) * m[:, None]
+        return jnp.sqrt(jnp.sum((h.T @ e) ** 2))
+
+    out = jax.lax.map(one, (hidden[:, :-1], tokens[:, 1:], loss_mask.astype(jnp.float32)))
+    return jax.lax.stop_gradient(out)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
@@ -182,6 +208,28 @@ def _ref_logp(tr, step: StepBatch) -> None:
     step.arrays["ref_logp"] = _target(step, tr.logp(tr.ref_params, tr.frozen, a["tokens"], a["mask"]))
 
 
+@provider("gvm_stats")
+def _gvm_stats(tr, step: StepBatch) -> None:
+    """GVM-RAFT's per-prompt statistics of this visit, for the allocation of its next one: the
+    acceptance rate (reward total >= data.pass_threshold) and the mean, over accepted responses,
+    of the gradient norm of the response log-likelihood w.r.t. the output projection, under the
+    policy that sampled them; stored per prompt key in the store's slot ``allocator/gvm``."""
+    a = step.arrays
+    gn = np.asarray(gather(policy_head_grad_norm(tr.graphdef, tr.state.params, tr.frozen, a["tokens"], a["mask"],
+                                                 a["loss_mask"])), np.float64)
+    gid, valid = np.asarray(a["group_ids"]), np.asarray(step.valid)
+    passed = valid & (np.asarray(step.totals) >= tr.store.pass_threshold)
+    slot = tr.store.slot(GVM_SLOT)
+    for g, key in enumerate(step.keys):
+        rows = (gid == g) & valid
+        if not rows.any():
+            continue
+        ok = rows & passed
+        slot[key] = {"grad_norm": float(gn[ok].mean()) if ok.any() else 0.0, "accept": float(ok.sum() / rows.sum()),
+                     "step": int(tr.iteration)}
+    step.metrics["allocation/grad_norm_accepted_mean"] = float(gn[passed].mean()) if passed.any() else 0.0
+
+
 @provider("values")
 def _values(tr, step: StepBatch) -> None:
     """The critic's values at rollout time (``old_values``, the value loss's clipping anchor)."""
@@ -196,7 +244,7 @@ def _greedy_scores(tr, step: StepBatch) -> None:
     shaped like the samples."""
     t0 = time.perf_counter()
     broll = tr.baseline_sampler(tr.state.params, step.prompt_ids, step.key, *tr.frozen)  # greedy: key unused
-    out = tr.score(step.prompts, step.columns, broll, 1)
+    out = tr.score(step.prompts, step.columns, broll)
     base = tr.shape(out, broll, step.prompts, step.keys, update=False)
     group = step.arrays["group_ids"]
     step.inputs["greedy_scores"] = base[group]

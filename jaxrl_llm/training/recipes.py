@@ -30,6 +30,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIMATORS, GROUP_FILTERS, IS_CORRECTIONS,
                                   KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
                                   TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
+from jaxrl_llm.algorithms.allocation import ALLOCATORS
 from jaxrl_llm.algorithms.selection import SELECTORS
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
 from jaxrl_llm.config import Choice
@@ -85,6 +86,8 @@ class RLRecipe:
       truncation: a cut of the sampled responses before scoring for training
         (:data:`jaxrl_llm.algorithms.TRUNCATIONS`), or ``None``.
       selector: the prompt selector (:data:`jaxrl_llm.algorithms.SELECTORS`), or ``None``.
+      allocator: the rollout budget allocator (:data:`jaxrl_llm.algorithms.ALLOCATORS`), or
+        ``None`` (``num_samples`` for every prompt).
     """
 
     name: str
@@ -108,6 +111,7 @@ class RLRecipe:
     clusterer: Bound | None = None
     truncation: Bound | None = None
     selector: Bound | None = None
+    allocator: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -141,6 +145,8 @@ class RLRecipe:
             req.add("ref_logp")
         if self.is_correction is not None or self.rejection is not None:
             req.add("rollout_logp")
+        if self.allocator is not None:  # statistics an allocator keeps per prompt (GVM's gradient norms)
+            req |= set(self.allocator.part.requires)
         return frozenset(req)
 
     @property
@@ -172,7 +178,7 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                 entropy_coef=0.0, is_weights=Choice("none"), rejection=Choice("none"), shaping=Choice("none"),
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
                 num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
-                truncation=Choice("none"), selector=Choice("none"))
+                truncation=Choice("none"), selector=Choice("none"), allocator=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -452,6 +458,11 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     clusterer = _bound(CLUSTERERS, s.clusterer, "recipe.clusterer")
     truncation = _optional(TRUNCATIONS, s.truncation, "recipe.truncation")
     selector = _optional(SELECTORS, s.selector, "recipe.selector")
+    allocator = _optional(ALLOCATORS, s.allocator, "recipe.allocator")
+    _need(allocator is None or s.num_minibatches == 1 or "group_ids" not in objective.batch_keys(),
+          f"recipe.allocator={allocator.name if allocator else ''} gives prompts groups of different sizes, and "
+          f"recipe.loss={loss.name} compares the rows of a prompt, so its mini-batches hold whole groups: they would "
+          f"differ in size (set recipe.num_minibatches=1)")
     _trial(est, loss, kl_reward, num_samples)
     try:
         return RLRecipe(s.name, est, objective, num_samples=num_samples, epochs=s.epochs,
@@ -459,7 +470,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                         kl_reward=kl_reward, kl_controller=controller, value_objective=value_objective,
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
                         is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
-                        truncation=truncation, selector=selector)
+                        truncation=truncation, selector=selector, allocator=allocator)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 

@@ -131,6 +131,12 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
     need(0 < ro.top_p <= 1, f"rollout.top_p must be in (0, 1], got {ro.top_p}")
     need(bool(ro.prompt_buckets) and all(b >= 1 for b in ro.prompt_buckets),
          f"rollout.prompt_buckets must be lengths >= 1, got {list(ro.prompt_buckets)}")
+    need(isinstance(ro.sampler_devices, int) and not isinstance(ro.sampler_devices, bool) and ro.sampler_devices >= 0,
+         f"rollout.sampler_devices must be an int >= 0, got {ro.sampler_devices!r}")
+    need(isinstance(ro.asynchronous, bool), f"rollout.asynchronous must be true or false, got {ro.asynchronous!r}")
+    need(not ro.asynchronous or (ro.sampler_devices and ro.staleness),
+         "rollout.asynchronous=true samples the next step on the sampler's own devices during this step's update: "
+         f"set rollout.sampler_devices >= 1 and rollout.staleness >= 1 (got {ro.sampler_devices} and {ro.staleness})")
     need(ro.sampler_weights in ("train", "tensor"),
          f"rollout.sampler_weights must be 'train' or 'tensor', got {ro.sampler_weights!r}")
     if d.dataset:
@@ -226,6 +232,16 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
         raise ConfigError(f"recipe.advantage={rec.estimator.name} reads an auxiliary policy (a DPO-trained model): set "
                           f"model.aux_params=<a parameter directory, e.g. a preference run's final_params>")
     m_ = cfg.mesh
+    if ro.asynchronous and (rec.selector is not None or rec.allocator is not None):
+        part = f"recipe.selector={rec.selector.name}" if rec.selector is not None else \
+            f"recipe.allocator={rec.allocator.name}"
+        raise ConfigError(f"rollout.asynchronous=true samples the next step before this one is observed; {part} reads "
+                          f"the prompt statistics of the step still being trained (run it synchronously)")
+    if n_devices is not None and ro.sampler_devices:
+        if ro.sampler_devices >= n_devices:
+            raise ConfigError(f"rollout.sampler_devices={ro.sampler_devices} leaves none of the {n_devices} devices to "
+                              f"the trainer")
+        n_devices -= ro.sampler_devices
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.data * m_.fsdp * m_.tensor)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
@@ -252,6 +268,7 @@ class _Setup:
     tok: Any
     stop: int
     pad: int
+    sampler_mesh: Any = None  # rollout.sampler_devices: the sampler's own devices
 
     @property
     def frozen(self) -> tuple:
@@ -279,9 +296,19 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
     out.mkdir(parents=True, exist_ok=True)
     if host0:
         (out / "config.json").write_text(json.dumps(resolved, indent=1))
-    mesh = None
+    mesh = sampler_mesh = None
     m_ = cfg.mesh
-    if m_.data * m_.fsdp * m_.tensor > 1:
+    k = cfg.rollout.sampler_devices
+    if k:  # the sampler's devices first, the trainer's after them
+        from jaxrl_llm.parallel import make_mesh
+
+        devs = jax.devices()
+        if k >= len(devs) or (len(devs) - k) != m_.data * m_.fsdp * m_.tensor:
+            raise ConfigError(f"rollout.sampler_devices={k} of {len(devs)} devices leaves {len(devs) - k} to the "
+                              f"trainer; mesh data*fsdp*tensor = {m_.data * m_.fsdp * m_.tensor} must equal that")
+        mesh = make_mesh((m_.data, m_.fsdp, m_.tensor), devices=devs[k:])
+        sampler_mesh = make_mesh((k, 1, 1), devices=devs[:k])
+    elif m_.data * m_.fsdp * m_.tensor > 1:
         from jaxrl_llm.parallel import make_mesh
 
         mesh = make_mesh((m_.data, m_.fsdp, m_.tensor))
@@ -289,7 +316,7 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
     gd, params, frozen_state = nnx.split(model, trainable(model.cfg), ...)
     stop = end_of_turn_id(tok, cfg.data.chat)
     pad = tok.pad_token_id if tok.pad_token_id is not None else stop
-    return _Setup(cfg, out, host0, mesh, gd, params, frozen_state, model.cfg, tok, stop, pad)
+    return _Setup(cfg, out, host0, mesh, gd, params, frozen_state, model.cfg, tok, stop, pad, sampler_mesh)
 
 
 def _before_rl(s: _Setup, evaluate, train_src, sft_rows, score_fn, tel, resuming: bool) -> tuple[Any, dict]:
@@ -367,8 +394,13 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
     sampler_rules = None
     if mesh is not None and cfg.rollout.sampler_weights == "tensor":
         from jaxrl_llm.parallel import SAMPLER_RULES as sampler_rules
+    sampler_mesh = mesh
+    if s.sampler_mesh is not None:  # its own devices: the weights are copied there at every rollout
+        from jaxrl_llm.parallel import DEFAULT_RULES
+
+        sampler_mesh, sampler_rules = s.sampler_mesh, sampler_rules or DEFAULT_RULES
     sampler = Sampler(s.gd, _sampling(cfg, (s.stop,), s.pad), length_buckets=tuple(cfg.rollout.prompt_buckets),
-                      mesh=mesh, param_rules=sampler_rules)
+                      mesh=sampler_mesh, param_rules=sampler_rules)
     critic = None
     if rec.needs_critic:
         base = nnx.state(nnx.merge(s.gd, params, s.frozen_state), nnx.Param)  # backbone (LoRA adapters excluded)
@@ -394,7 +426,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
-                        checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
+                        asynchronous=cfg.rollout.asynchronous, checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer
 
@@ -460,7 +492,7 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     rec = rl_recipe(cfg)  # every name is resolved (and checked) before anything loads
     resolved = to_dict(dataclasses.replace(cfg, recipe=rec.spec))
     s = _setup(cfg, resolved)
-    _check_mesh(cfg, rec, s.base_cfg, jax.device_count())
+    _check_mesh(cfg, rec, s.base_cfg, jax.device_count() - cfg.rollout.sampler_devices)
     train_src, eval_rows, sft_rows, reward_fn, score_fn = _rows(cfg)
     evaluate = s.evaluator(eval_rows, score_fn)
     tel = Telemetry(s.out, tensorboard=cfg.run.tensorboard, console_every=cfg.run.console_every, step_key="iteration")

@@ -211,3 +211,36 @@ def test_bad_sampling_configs_name_the_field():
         SamplingConfig(stop_token_ids=(2,), forbidden_token_ids=(2,))
     with pytest.raises(ValueError, match="largest bucket"):
         Sampler(None, SamplingConfig(), length_buckets=(4,))(None, [[1] * 5], jax.random.key(0))
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_counts_divide_the_rows_unevenly(unroll):
+    """Variable samples per prompt (a budget allocator): the rows of each prompt continue that
+    prompt (log-probs equal the teacher-forced ones on the prompt they name), a prompt with 0
+    gets no row, the count equal to num_samples for all reproduces the uniform rollout, and bad
+    counts name what is wrong."""
+    model = tiny_model(vocab=263, seed=1)
+    gd, params = nnx.split(model)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20, 21]]
+    cfg = SamplingConfig(max_new_tokens=6, num_samples=3, temperature=0.8)
+    s = Sampler(gd, cfg, length_buckets=(8,), unroll_layers=unroll)
+    counts = [5, 0, 4]
+    out = s(params, prompts, jax.random.key(3), counts=counts)
+    np.testing.assert_array_equal(np.asarray(out.prompt_index), [0] * 5 + [2] * 4)
+    tokens, mask = pad_prompts(prompts, 8, 3, 0)
+    rows = np.asarray(out.prompt_index)
+    full = np.concatenate([tokens[rows], np.asarray(out.tokens)], 1)
+    fmask = np.concatenate([mask[rows], np.asarray(out.mask)], 1)
+    h, _ = model(full, fmask)
+    lp, _ = token_logprobs(h[:, :-1], model.unembedding(), jnp.asarray(full[:, 1:]), temperature=0.8)
+    m = np.asarray(out.mask)
+    np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(lp)[:, 7:][m], atol=1e-4)
+    assert len({tuple(r) for r in np.asarray(out.tokens)[:5]}) > 1  # the rows of a prompt differ
+    uniform = s(params, prompts, jax.random.key(3))
+    same = s(params, prompts, jax.random.key(3), counts=[3, 3, 3])
+    for a, b in zip(uniform, same):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="summing to 9"):
+        s(params, prompts, jax.random.key(3), counts=[3, 3, 2])
+    with pytest.raises(ValueError, match="ints >= 0"):
+        s(params, prompts, jax.random.key(3), counts=[10, -1, 0])

@@ -544,3 +544,19 @@ def test_kimi_length_shaping_on_a_named_reward_function():
     assert "rewards/shaped/mean" in m and np.isfinite(m["loss"])
     with pytest.raises(ValueError, match="reward function 'nope' not found; the rewards are \\['target_frac'\\]"):
         make("grpo", g=4, num_minibatches=1, shaping={"name": "kimi_length", "metric": "nope"})
+
+
+def test_optimal_token_baseline_reads_the_policys_sum_pi_squared():
+    """The ``sum_pi_squared`` provider (OTB's input) in the loop: sum_v pi(v)^2 of the sampling
+    policy at every response position, equal to the softmax of the model's logits (regression:
+    the provider's einsum once read the [D, V] head as [V, D])."""
+    tr = make("grpo", g=4, advantage="optimal_token_baseline")
+    params = copy(tr.state.params)
+    tr.step()
+    b = tr.last_batch
+    model = nnx.merge(tr.graphdef, params, *tr.frozen)
+    h, _ = model(jnp.asarray(b["tokens"]), jnp.asarray(b["mask"]))
+    p = jax.nn.softmax(model.logits(h[:, :-1]), axis=-1)
+    want = np.where(b["loss_mask"], np.asarray((p ** 2).sum(-1)), 0.0)
+    np.testing.assert_allclose(b["sum_pi_squared"], want, rtol=1e-5, atol=1e-6)
+    assert b["loss_mask"].any()
