@@ -15,7 +15,7 @@ def means(run):
     eff, spread, maxn = [], [], []
     for line in open(f"{out}/{run}/metrics.jsonl"):
         d = json.loads(line)
-        if d.get("iteration", -1) >= FIRST_EPOCH and "prompts/effective_samples_frac" in d:
+        if d.get("step", 0) > FIRST_EPOCH and "prompts/effective_samples_frac" in d:  # "step": the iteration
             eff.append(d["prompts/effective_samples_frac"])
             spread.append(d["prompts/spread_groups_frac"])
             maxn.append(d.get("allocation/max", float("nan")))
