@@ -36,6 +36,7 @@ __all__ = [
     "curriculum_budget",
     "hapo_history_reward",
     "hapo_history_update",
+    "stage_schedule",
 ]
 
 sg = jax.lax.stop_gradient
@@ -503,6 +504,22 @@ def curriculum_budget(step: int, *, initial: float = 256.0, final: float = 87.0,
     if schedule == "linear":
         return float(initial - k * (initial - final) / drops)
     return float(initial * (final / initial) ** (k / drops))
+
+
+def stage_schedule(step: int, values, every: int):
+    """A staged schedule: ``values[min(step // every, len(values) - 1)]`` at training ``step``
+    (0-based). ScalingInter-RL's interaction horizon (AgentGym-RL, arXiv:2509.08755; the
+    authors' ``WooooDyy/AgentGym-RL`` @82402a9: max turns at training step ``k`` counted from 1
+    is ``rounds[min((k - 1) // interval, K - 1)]``, e.g. BabyAI 6, 13, 20 every 100 steps),
+    computed from the step alone (so a resumed run is in the right stage)."""
+    values = list(values)
+    if not values:
+        raise ValueError("stage_schedule: values must be non-empty")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"stage_schedule: every must be an int >= 1, got {every!r}")
+    if step < 0:
+        raise ValueError(f"stage_schedule: step must be >= 0, got {step}")
+    return values[min(int(step) // every, len(values) - 1)]
 
 
 def hapo_history_reward(correct: jnp.ndarray, lengths: jnp.ndarray, history: jnp.ndarray, *,

@@ -206,6 +206,8 @@ class AgentTrainer(RLTrainer):
         bucket used); an episode longer than the largest is padded to the sampler's
         ``context_len``, which bounds every episode.
       max_turns: the policy-turn cap (default: each environment's ``max_turns``).
+      horizon: a schedule of the cap over training steps (``horizon(iteration) -> turns``,
+        :data:`jaxrl_llm.algorithms.HORIZONS`), or ``None``; with ``max_turns`` the smaller applies.
       step_timeout_s: wall-clock limit of one environment call.
       progress: SPA-RL's progress estimator, required exactly when the recipe's estimator reads
         ``progress``: a :class:`~jaxrl_llm.training.Critic` built with
@@ -219,6 +221,7 @@ class AgentTrainer(RLTrainer):
 
     def __init__(self, graphdef, state, train_step, sampler, seeds: SeedStream, spec: EnvSpec, fmt: ChatFormat,
                  recipe, tokenizer, *, episode_buckets=(64, 128, 256, 512, 1024, 2048), max_turns: int | None = None,
+                 horizon: Any = None,
                  step_timeout_s: float = 30.0, progress: Any = None, **kw: Any):
         if "greedy_scores" in recipe.requires:
             raise ValueError(f"recipe {recipe.name!r} needs a greedy baseline rollout (greedy_scores), which the agent "
@@ -250,6 +253,7 @@ class AgentTrainer(RLTrainer):
         self.spec, self.fmt = spec, fmt
         self.episode_buckets = tuple(sorted(episode_buckets))
         self.max_turns, self.step_timeout_s = max_turns, float(step_timeout_s)
+        self.horizon = horizon
         self.last_episodes: Episodes | None = None
 
     def collect(self, k_roll: jax.Array, t: dict):
@@ -257,8 +261,12 @@ class AgentTrainer(RLTrainer):
         seeds = next(self.data)
         t["time/data"] += time.perf_counter() - t0
         t0 = time.perf_counter()
+        cap = self.max_turns
+        if self.horizon is not None:
+            cap = self.horizon(self.iteration) if cap is None else min(cap, self.horizon(self.iteration))
+            t["env/max_turns"] = float(cap)
         ep = rollout_episodes(self.sampler, self.state.params, self.spec, seeds, self.fmt, k_roll, *self.frozen,
-                              max_turns=self.max_turns, step_timeout_s=self.step_timeout_s)
+                              max_turns=cap, step_timeout_s=self.step_timeout_s)
         t["time/rollout"] += time.perf_counter() - t0
         scores = ep.returns.astype(np.float32)
         self.last_episodes = ep

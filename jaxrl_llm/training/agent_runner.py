@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_llm.config import ConfigError, to_dict
+from jaxrl_llm.config import Choice, ConfigError, to_dict
 from jaxrl_llm.training.configs import ModelSpec, OptimSpec, RecipeSpec, RunSpec, SFTSpec
 from jaxrl_llm.training.telemetry import jsonable
 
@@ -49,7 +49,10 @@ class EnvRunSpec:
     (greedy, one episode each). ``eval_samples``: when > 0, each held-out seed is also played
     ``eval_samples`` times with the policy's own sampling (the rollout temperature, a fixed key):
     ``eval/success`` is then the sampled policy's success rate and ``eval/success_greedy`` the
-    greedy one's. ``train_pool``: training seeds cycled through.
+    greedy one's. ``train_pool``: training seeds cycled through. ``horizon``: a schedule of the
+    turn cap over training steps (:data:`jaxrl_llm.algorithms.HORIZONS`; ``scaling_inter``:
+    ScalingInter-RL's stages, ``env.horizon.stages=[6,13,20] env.horizon.every=100``); with
+    ``max_turns`` too, the smaller cap applies. Evaluation uses ``max_turns``.
     """
 
     name: str = "grid"
@@ -64,6 +67,7 @@ class EnvRunSpec:
     eval_episodes: int = 64
     eval_samples: int = 0
     train_pool: int = 4096
+    horizon: Choice = dataclasses.field(default_factory=lambda: Choice("none"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,22 @@ def _check_fields(cfg: AgentRunConfig) -> None:
                           f"(episodes_per_step*num_samples={rows})")
 
 
+def _horizon(cfg: AgentRunConfig):
+    """The bound turn-cap schedule of ``env.horizon`` (``None``: none), checked on step 0."""
+    from jaxrl_llm.algorithms import HORIZONS, RegistryError
+    from jaxrl_llm.training.recipes import _optional
+
+    try:
+        part = _optional(HORIZONS, cfg.env.horizon, "env.horizon")
+        if part is not None:
+            v = part(0)
+            if not isinstance(v, int) or v < 1:
+                raise RegistryError(f"env.horizon={part.name} gives a turn cap of {v!r} at step 0; caps are ints >= 1")
+    except (RegistryError, TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    return part
+
+
 def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
     """Validate ``cfg`` without weights (fields, environment, recipe); raises ConfigError."""
     from jaxrl_llm.training.loading import model_config
@@ -159,6 +179,10 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
     if rec.shaping or rec.group_filter.max_rounds > 1:
         raise ConfigError(f"recipe {rec.name!r}: reward shaping and group filters are single-turn parts; the agent "
                           f"loop does not run them")
+    for key, part in (("selector", rec.selector), ("allocator", rec.allocator), ("replay", rec.replay)):
+        if part is not None:
+            raise ConfigError(f"recipe.{key}={part.name} is a single-turn loop part; the agent loop does not run it")
+    _horizon(cfg)
     if "greedy_scores" in rec.requires:
         raise ConfigError(f"recipe.advantage={rec.estimator.name}: a greedy-baseline estimator is not available in "
                           f"agent runs")
@@ -408,6 +432,7 @@ def run_agent(cfg: AgentRunConfig) -> dict:
     trainer = AgentTrainer(gd, state, make_train_step(gd, opt, rec.objective, num_microbatches=o.num_microbatches),
                            sampler, SeedStream(spec, ro.episodes_per_step, seed=cfg.run.seed, pool=e.train_pool),
                            spec, fmt, rec, tok, episode_buckets=tuple(ro.episode_buckets), max_turns=e.max_turns,
+                           horizon=_horizon(cfg),
                            step_timeout_s=e.step_timeout_s, seed=cfg.run.seed, frozen=frozen, ref_params=ref_params,
                            critic=critic, progress=progress, checkpointer=ckpt, checkpoint_every=cfg.run.checkpoint_every,
                            eval_fn=evaluate, eval_every=cfg.run.eval_every, log_fn=log_fn, config=resolved)

@@ -172,6 +172,8 @@ class RecipeSpec:
         step samples (``sec``, ``vas``, ...: curricula over the per-prompt statistics).
       allocator: how a step's ``prompts_per_step x num_samples`` rollouts are divided among its
         prompts (``knapsack``: Knapsack RL; ``none``: ``num_samples`` each).
+      replay: earlier successes put back into collapsed groups (``arpo``: ARPO's buffer; needs
+        ``old_logp=recompute``).
     """
 
     name: str = "grpo"
@@ -197,6 +199,7 @@ class RecipeSpec:
     truncation: Choice = dataclasses.field(default_factory=Choice)
     selector: Choice = dataclasses.field(default_factory=Choice)
     allocator: Choice = dataclasses.field(default_factory=Choice)
+    replay: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,6 +59,7 @@ from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
 from jaxrl_llm.algorithms.sampling import ShapingInputs
 from jaxrl_llm.algorithms.allocation import AllocateInputs, check_allocation, history_window
+from jaxrl_llm.algorithms.replay import ReplayInputs, apply_replacements, entry_of, replay_metric, replay_values
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
 from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
@@ -151,6 +152,18 @@ class _Round:
     scores: np.ndarray
     truncated: int = 0
     keys: list = dataclasses.field(default_factory=list)
+    #: with replay: the rollout and rewards trained on (rows replaced by stored responses);
+    #: ``roll`` / ``out`` stay as sampled (the store, the buffer and the metrics read them)
+    train_roll: Any = None
+    train_out: Any = None
+
+    @property
+    def t_roll(self):
+        return self.roll if self.train_roll is None else self.train_roll
+
+    @property
+    def t_out(self):
+        return self.out if self.train_out is None else self.train_out
 
 
 class RLTrainer(HostLoop):
@@ -286,6 +299,7 @@ class RLTrainer(HostLoop):
                                  f"but the given store (with records) keeps {self.store.recent_window}")
             self.store.recent_window = window
         self._alloc_metrics: dict[str, float] = {}
+        self._replay_metrics: dict[str, float] = {}
         self.candidates = candidates
         self.staleness = staleness
         # asynchronous rollout: the next step's first sampling round runs in a background thread
@@ -456,6 +470,7 @@ class RLTrainer(HostLoop):
         dropped: list[tuple[int, int]] = []
         target = 0
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
+        self._replay_metrics = {}
         for r in range(gf.max_rounds):
             if r == 0 and self._pending is not None:  # sampled during the last step's update
                 t0 = time.perf_counter()
@@ -480,8 +495,10 @@ class RLTrainer(HostLoop):
             out = self.score(batch.prompts, batch.columns, roll)
             roll, out, cut = self.truncate(batch, roll, out)
             keys = prompt_keys(batch.where, batch.columns)
-            rounds.append(_Round(batch, roll, out, self.shape(out, roll, batch.prompts, keys), cut, keys))
-            keep = gf.keep(gf.values(out.total, out.per_fn), np.asarray(roll.prompt_index), len(batch))
+            t_roll, t_out = self.replay(roll, out, keys, r)
+            rounds.append(_Round(batch, roll, out, self.shape(t_out, t_roll, batch.prompts, keys), cut, keys,
+                                 None if t_roll is roll else t_roll, None if t_out is out else t_out))
+            keep = gf.keep(gf.values(t_out.total, t_out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
             t["time/rewards"] += time.perf_counter() - t0
@@ -560,6 +577,24 @@ class RLTrainer(HostLoop):
             else 0.0}
         return _subset(batch, idx)
 
+    def replay(self, roll, out, keys: list, round_index: int):
+        """The recipe's replay on one scored round: ``(rollout, rewards)`` to train on (the
+        given ones without replay or without a replacement); the part's buffer is updated."""
+        rep = self.recipe.replay
+        if rep is None:
+            return roll, out
+        name = f"replay/{rep.name}"
+        rng = np.random.default_rng([self.seed, self.iteration, round_index, 0x4E9A1])
+        x = ReplayInputs(tuple(keys), replay_values(out, replay_metric(rep)), np.asarray(roll.prompt_index), rng,
+                         copy.deepcopy(self.store.slot(name)), lambda i: entry_of(roll, out, i, self.iteration),
+                         self.iteration)
+        replace, buf, metrics = rep(x)
+        self.store.slots[name] = dict(buf)
+        for k, v in metrics.items():
+            self._replay_metrics[k] = self._replay_metrics.get(k, 0.0) + v if k in (
+                "replay/collapsed_groups", "replay/injected") else v
+        return apply_replacements(roll, out, replace)
+
     def allocate(self, batch) -> np.ndarray | None:
         """The recipe's allocator's rollouts per prompt of ``batch`` (``None``: ``num_samples``
         each), from the store as it was when the step began."""
@@ -587,8 +622,8 @@ class RLTrainer(HostLoop):
         def cat(get):
             return np.concatenate([np.asarray(get(rounds[r]))[ix] for (r, _), ix in zip(groups, rows)])
 
-        merged = Rollout(*(cat(lambda x, f=f: getattr(x.roll, f)) for f in ("tokens", "mask", "logprobs", "lengths",
-                                                                             "stopped")),
+        merged = Rollout(*(cat(lambda x, f=f: getattr(x.t_roll, f)) for f in ("tokens", "mask", "logprobs", "lengths",
+                                                                               "stopped")),
                          np.concatenate([np.full(len(ix), j, np.int32) for j, ix in enumerate(rows)]))
         prompt_ids = [rounds[r].batch.prompt_ids[i] for r, i in groups]
         prompt_len = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
@@ -598,8 +633,8 @@ class RLTrainer(HostLoop):
         step = StepBatch(
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],
             prompt_ids, {k: [rounds[r].batch.columns[k][i] for r, i in groups] for k in rounds[0].batch.columns},
-            {k: cat(lambda x, k=k: x.out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
-            keys=[rounds[r].keys[i] for r, i in groups], totals=cat(lambda x: x.out.total))
+            {k: cat(lambda x, k=k: x.t_out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
+            keys=[rounds[r].keys[i] for r, i in groups], totals=cat(lambda x: x.t_out.total))
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness:
@@ -805,6 +840,8 @@ class RLTrainer(HostLoop):
         metrics.update(step.metrics)
         if self.recipe.allocator is not None:
             metrics.update(self._alloc_metrics)
+        if self.recipe.replay is not None:
+            metrics.update(self._replay_metrics)
         metrics.update({"response/length_mean": float(gen_lengths.mean()),
                         "response/length_max": float(gen_lengths.max()),
                         "response/stopped_frac": float(np.mean(gen_stopped)),

@@ -31,6 +31,7 @@ from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIM
                                   KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
                                   TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
 from jaxrl_llm.algorithms.allocation import ALLOCATORS
+from jaxrl_llm.algorithms.replay import REPLAYS
 from jaxrl_llm.algorithms.selection import SELECTORS
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
 from jaxrl_llm.config import Choice
@@ -88,6 +89,8 @@ class RLRecipe:
       selector: the prompt selector (:data:`jaxrl_llm.algorithms.SELECTORS`), or ``None``.
       allocator: the rollout budget allocator (:data:`jaxrl_llm.algorithms.ALLOCATORS`), or
         ``None`` (``num_samples`` for every prompt).
+      replay: experience replay into collapsed groups (:data:`jaxrl_llm.algorithms.REPLAYS`), or
+        ``None``.
     """
 
     name: str
@@ -112,6 +115,7 @@ class RLRecipe:
     truncation: Bound | None = None
     selector: Bound | None = None
     allocator: Bound | None = None
+    replay: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -178,7 +182,8 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                 entropy_coef=0.0, is_weights=Choice("none"), rejection=Choice("none"), shaping=Choice("none"),
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
                 num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
-                truncation=Choice("none"), selector=Choice("none"), allocator=Choice("none"))
+                truncation=Choice("none"), selector=Choice("none"), allocator=Choice("none"),
+                replay=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -459,6 +464,11 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     truncation = _optional(TRUNCATIONS, s.truncation, "recipe.truncation")
     selector = _optional(SELECTORS, s.selector, "recipe.selector")
     allocator = _optional(ALLOCATORS, s.allocator, "recipe.allocator")
+    replay = _optional(REPLAYS, s.replay, "recipe.replay")
+    _need(replay is None or s.old_logp == "recompute",
+          f"recipe.replay={replay.name if replay else ''} trains on stored responses of earlier policies: set "
+          f"recipe.old_logp=recompute (the ratio's old policy is then the current one for every row; the stored "
+          f"log-probs become rollout_logp for recipe.is_weights)")
     _need(allocator is None or s.num_minibatches == 1 or "group_ids" not in objective.batch_keys(),
           f"recipe.allocator={allocator.name if allocator else ''} gives prompts groups of different sizes, and "
           f"recipe.loss={loss.name} compares the rows of a prompt, so its mini-batches hold whole groups: they would "
@@ -470,7 +480,8 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                         kl_reward=kl_reward, kl_controller=controller, value_objective=value_objective,
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
                         is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
-                        truncation=truncation, selector=selector, allocator=allocator)
+                        truncation=truncation, selector=selector, allocator=allocator,
+                        replay=replay)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 
