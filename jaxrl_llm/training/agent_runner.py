@@ -179,7 +179,8 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
     if rec.shaping or rec.group_filter.max_rounds > 1:
         raise ConfigError(f"recipe {rec.name!r}: reward shaping and group filters are single-turn parts; the agent "
                           f"loop does not run them")
-    for key, part in (("selector", rec.selector), ("allocator", rec.allocator), ("replay", rec.replay)):
+    for key, part in (("selector", rec.selector), ("allocator", rec.allocator), ("replay", rec.replay),
+                      ("hints", rec.hints)):
         if part is not None:
             raise ConfigError(f"recipe.{key}={part.name} is a single-turn loop part; the agent loop does not run it")
     _horizon(cfg)

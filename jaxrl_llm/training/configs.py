@@ -174,6 +174,8 @@ class RecipeSpec:
         prompts (``knapsack``: Knapsack RL; ``none``: ``num_samples`` each).
       replay: earlier successes put back into collapsed groups (``arpo``: ARPO's buffer; needs
         ``old_logp=recompute``).
+      hints: groups the policy cannot solve sampled again with part of the reference solution in
+        the prompt (``ghpo``).
     """
 
     name: str = "grpo"
@@ -200,6 +202,7 @@ class RecipeSpec:
     selector: Choice = dataclasses.field(default_factory=Choice)
     allocator: Choice = dataclasses.field(default_factory=Choice)
     replay: Choice = dataclasses.field(default_factory=Choice)
+    hints: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

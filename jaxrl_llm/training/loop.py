@@ -59,6 +59,7 @@ from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
 from jaxrl_llm.algorithms.sampling import ShapingInputs
 from jaxrl_llm.algorithms.allocation import AllocateInputs, check_allocation, history_window
+from jaxrl_llm.algorithms.hints import HintInputs
 from jaxrl_llm.algorithms.replay import ReplayInputs, apply_replacements, entry_of, replay_metric, replay_values
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
 from jaxrl_llm.data.pipeline import PromptBatch
@@ -125,6 +126,13 @@ def _merge_reward_metrics(outs: list) -> dict[str, float]:
     return merged
 
 
+def _put_rows(base, rows: np.ndarray, new) -> np.ndarray:
+    """A copy of ``base`` with ``base[rows] = new``."""
+    out = np.array(base, copy=True)
+    out[rows] = np.asarray(new).astype(out.dtype)
+    return out
+
+
 def _subset(batch: PromptBatch, idx) -> PromptBatch:
     """The prompts ``idx`` of a batch, in that order."""
     return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
@@ -156,6 +164,12 @@ class _Round:
     #: ``roll`` / ``out`` stay as sampled (the store, the buffer and the metrics read them)
     train_roll: Any = None
     train_out: Any = None
+    #: with hints: the batch trained on (hinted groups' prompts)
+    train_batch: Any = None
+
+    @property
+    def t_batch(self):
+        return self.batch if self.train_batch is None else self.train_batch
 
     @property
     def t_roll(self):
@@ -218,7 +232,8 @@ class RLTrainer(HostLoop):
     def __init__(self, graphdef, state, train_step: Callable, sampler, data, rewards, recipe: RLRecipe, tokenizer, *,
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
-                 candidates: int = 1, staleness: int = 0, asynchronous: bool = False, **loop_kw: Any):
+                 candidates: int = 1, staleness: int = 0, asynchronous: bool = False,
+                 prompt_encoder: Callable | None = None, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -271,6 +286,9 @@ class RLTrainer(HostLoop):
                    "differently on each host)" if jax.process_count() > 1 else "")
             if why:
                 raise ValueError(f"rollout.asynchronous=true needs {why}")
+        if recipe.hints is not None and prompt_encoder is None:
+            raise ValueError(f"recipe.hints={recipe.hints.name} samples hinted prompts: pass prompt_encoder (raw prompt "
+                             f"-> (token ids, rendered text), the data pipeline's rendering)")
         if not isinstance(candidates, int) or candidates < 1:
             raise ValueError(f"rollout.candidates must be an int >= 1, got {candidates!r}")
         if recipe.selector is None and candidates > 1:
@@ -300,8 +318,10 @@ class RLTrainer(HostLoop):
             self.store.recent_window = window
         self._alloc_metrics: dict[str, float] = {}
         self._replay_metrics: dict[str, float] = {}
+        self._hint_metrics: dict[str, float] = {}
         self.candidates = candidates
         self.staleness = staleness
+        self.prompt_encoder = prompt_encoder
         # asynchronous rollout: the next step's first sampling round runs in a background thread
         # (on the sampler's own devices) while this step's update runs
         self.asynchronous = bool(asynchronous)
@@ -471,6 +491,7 @@ class RLTrainer(HostLoop):
         target = 0
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         self._replay_metrics = {}
+        self._hint_metrics = {}
         for r in range(gf.max_rounds):
             if r == 0 and self._pending is not None:  # sampled during the last step's update
                 t0 = time.perf_counter()
@@ -495,9 +516,11 @@ class RLTrainer(HostLoop):
             out = self.score(batch.prompts, batch.columns, roll)
             roll, out, cut = self.truncate(batch, roll, out)
             keys = prompt_keys(batch.where, batch.columns)
-            t_roll, t_out = self.replay(roll, out, keys, r)
-            rounds.append(_Round(batch, roll, out, self.shape(t_out, t_roll, batch.prompts, keys), cut, keys,
-                                 None if t_roll is roll else t_roll, None if t_out is out else t_out))
+            t_batch, t_roll, t_out = self.hint(batch, roll, out, self.round_key(k_roll, r))
+            t_roll, t_out = self.replay(t_roll, t_out, keys, r)
+            rounds.append(_Round(batch, roll, out, self.shape(t_out, t_roll, t_batch.prompts, keys), cut, keys,
+                                 None if t_roll is roll else t_roll, None if t_out is out else t_out,
+                                 None if t_batch is batch else t_batch))
             keep = gf.keep(gf.values(t_out.total, t_out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -577,6 +600,57 @@ class RLTrainer(HostLoop):
             else 0.0}
         return _subset(batch, idx)
 
+    def hint(self, batch, roll, out, key: jax.Array):
+        """The recipe's hints on one scored round: ``(batch, rollout, rewards)`` to train on, the
+        groups the part picks sampled again with hinted prompts (stage after stage)."""
+        part = self.recipe.hints
+        if part is None:
+            return batch, roll, out
+        g = self.recipe.num_samples
+        raw = tuple(batch.raw_prompts)
+        ids, texts = list(batch.prompt_ids), list(batch.prompts)
+        hinted: set[int] = set()
+        longest = max(self.sampler.length_buckets)
+        too_long = 0
+        params = self._stale[0] if self.staleness else self.state.params
+        for stage in range(64):
+            x = HintInputs(replay_values(out, replay_metric(part)), np.asarray(roll.prompt_index), batch.columns, raw,
+                           frozenset(hinted), stage, self.iteration)
+            todo = {}
+            for grp, hint_raw in part(x).items():
+                enc = self.prompt_encoder(hint_raw)
+                if len(enc[0]) > longest:  # the hinted prompt does not fit the sampler's buckets: not hinted
+                    too_long += 1
+                    continue
+                todo[int(grp)] = enc
+            if not todo:
+                break
+            groups = sorted(todo)
+            pad = [todo[k][0] for k in groups]
+            pad += [pad[0]] * (len(batch) - len(pad))  # the round's shape: no new compilation
+            sub = self.sampler(params, pad, jax.random.fold_in(key, 0x41C7 + stage), *self.frozen)
+            sub = type(sub)(*(np.asarray(v)[:len(groups) * g] for v in sub))
+            sub = sub._replace(prompt_index=np.repeat(np.arange(len(groups)), g).astype(np.int32))
+            sub_out = self.score([todo[k][1] for k in groups], {c: [list(v)[k] for k in groups]
+                                                                 for c, v in batch.columns.items()}, sub)
+            pidx = np.asarray(roll.prompt_index)
+            rows = np.concatenate([np.flatnonzero(pidx == k) for k in groups])
+            roll = roll._replace(**{f: _put_rows(getattr(roll, f), rows, getattr(sub, f))
+                                    for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
+            out = RewardOutput(_put_rows(out.total, rows, sub_out.total),
+                               {k: _put_rows(v, rows, sub_out.per_fn[k]) for k, v in out.per_fn.items()},
+                               {k: _put_rows(v, rows, sub_out.failed[k]) for k, v in out.failed.items()}, out.metrics)
+            for k in groups:
+                ids[k], texts[k] = todo[k]
+            hinted |= set(groups)
+            self._hint_metrics[f"hints/stage{stage}_groups"] = (self._hint_metrics.get(f"hints/stage{stage}_groups", 0.0)
+                                                                 + len(groups))
+        self._hint_metrics["hints/groups"] = self._hint_metrics.get("hints/groups", 0.0) + len(hinted)
+        self._hint_metrics["hints/too_long"] = self._hint_metrics.get("hints/too_long", 0.0) + too_long
+        if not hinted:
+            return batch, roll, out
+        return PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where)), roll, out
+
     def replay(self, roll, out, keys: list, round_index: int):
         """The recipe's replay on one scored round: ``(rollout, rewards)`` to train on (the
         given ones without replay or without a replacement); the part's buffer is updated."""
@@ -625,13 +699,13 @@ class RLTrainer(HostLoop):
         merged = Rollout(*(cat(lambda x, f=f: getattr(x.t_roll, f)) for f in ("tokens", "mask", "logprobs", "lengths",
                                                                                "stopped")),
                          np.concatenate([np.full(len(ix), j, np.int32) for j, ix in enumerate(rows)]))
-        prompt_ids = [rounds[r].batch.prompt_ids[i] for r, i in groups]
+        prompt_ids = [rounds[r].t_batch.prompt_ids[i] for r, i in groups]
         prompt_len = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
         arrays = build_rl_batch(prompt_ids, merged, prompt_len, self.sampler.config.pad_token_id)
         arrays["stopped"] = np.asarray(merged.stopped, bool)
         valid = np.concatenate([np.full(len(ix), v) for v, ix in zip(valid_group, rows)])
         step = StepBatch(
-            arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].batch.prompts[i] for r, i in groups],
+            arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].t_batch.prompts[i] for r, i in groups],
             prompt_ids, {k: [rounds[r].batch.columns[k][i] for r, i in groups] for k in rounds[0].batch.columns},
             {k: cat(lambda x, k=k: x.t_out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
             keys=[rounds[r].keys[i] for r, i in groups], totals=cat(lambda x: x.t_out.total))
@@ -842,6 +916,8 @@ class RLTrainer(HostLoop):
             metrics.update(self._alloc_metrics)
         if self.recipe.replay is not None:
             metrics.update(self._replay_metrics)
+        if self.recipe.hints is not None:
+            metrics.update(self._hint_metrics)
         metrics.update({"response/length_mean": float(gen_lengths.mean()),
                         "response/length_max": float(gen_lengths.max()),
                         "response/stopped_frac": float(np.mean(gen_stopped)),

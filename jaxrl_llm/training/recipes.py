@@ -31,6 +31,7 @@ from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIM
                                   KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
                                   TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
 from jaxrl_llm.algorithms.allocation import ALLOCATORS
+from jaxrl_llm.algorithms.hints import HINTS
 from jaxrl_llm.algorithms.replay import REPLAYS
 from jaxrl_llm.algorithms.selection import SELECTORS
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
@@ -91,6 +92,8 @@ class RLRecipe:
         ``None`` (``num_samples`` for every prompt).
       replay: experience replay into collapsed groups (:data:`jaxrl_llm.algorithms.REPLAYS`), or
         ``None``.
+      hints: hinted re-sampling of groups the policy cannot solve (:data:`jaxrl_llm.algorithms.HINTS`),
+        or ``None``.
     """
 
     name: str
@@ -116,6 +119,7 @@ class RLRecipe:
     selector: Bound | None = None
     allocator: Bound | None = None
     replay: Bound | None = None
+    hints: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -183,7 +187,7 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
                 num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
                 truncation=Choice("none"), selector=Choice("none"), allocator=Choice("none"),
-                replay=Choice("none"))
+                replay=Choice("none"), hints=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -465,6 +469,10 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     selector = _optional(SELECTORS, s.selector, "recipe.selector")
     allocator = _optional(ALLOCATORS, s.allocator, "recipe.allocator")
     replay = _optional(REPLAYS, s.replay, "recipe.replay")
+    hints = _optional(HINTS, s.hints, "recipe.hints")
+    _need(hints is None or (replay is None and allocator is None),
+          f"recipe.hints={hints.name if hints else ''} re-samples whole groups of num_samples rows; it cannot be "
+          f"combined with recipe.replay or recipe.allocator")
     _need(replay is None or s.old_logp == "recompute",
           f"recipe.replay={replay.name if replay else ''} trains on stored responses of earlier policies: set "
           f"recipe.old_logp=recompute (the ratio's old policy is then the current one for every row; the stored "
@@ -481,7 +489,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
                         is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
                         truncation=truncation, selector=selector, allocator=allocator,
-                        replay=replay)
+                        replay=replay, hints=hints)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 

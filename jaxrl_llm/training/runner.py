@@ -422,11 +422,18 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         from jaxrl_llm.training.loading import load_aux_params
 
         aux_params = load_aux_params(cfg.model.aux_params, params)
+    def encode(raw):  # a (hinted) prompt rendered and tokenised as the data pipeline does
+        from jaxrl_llm.data.pipeline import render_prompt
+
+        text = render_prompt(s.tok, raw, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt)
+        ids = list(s.tok(text, add_special_tokens=False)["input_ids"]) if cfg.data.chat else list(s.tok(text)["input_ids"])
+        return ids, text
+
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
-                        asynchronous=cfg.rollout.asynchronous, checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
+                        asynchronous=cfg.rollout.asynchronous, prompt_encoder=encode, checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer
 

@@ -121,7 +121,8 @@ class MismatchedSampler:
 
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
-         stop=False, mismatch=False, aux=False, candidates=1, staleness=0, **overrides):
+         stop=False, mismatch=False, aux=False, candidates=1, staleness=0, data=None, encoder=None, buckets=(P,),
+         **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -136,9 +137,9 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
         critic = Critic(cgd, commit(init_train_state(cparams, copt, seed=1)),
                         cached(("step", rec.value_objective, critic_lr),
                                lambda: make_train_step(cgd, copt, rec.value_objective)))
-    sampler = cached(("sampler", g, stop), lambda: Sampler(
+    sampler = cached(("sampler", g, stop, buckets), lambda: Sampler(
         gd, SamplingConfig(max_new_tokens=T, num_samples=g, stop_token_ids=(STOP,) if stop else ()),
-        length_buckets=(P,)))
+        length_buckets=buckets))
     if mismatch:
         sampler = MismatchedSampler(sampler)
     step = cached(("step", rec.objective, lr), lambda: make_train_step(gd, opt, rec.objective))
@@ -146,9 +147,10 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
     rewards = Rewards(reward if isinstance(reward, list) else [reward])
     # an auxiliary policy (RTO's DPO model): the initial weights, moved a little
     aux_params = commit(jax.tree.map(lambda x: x + 0.05 * np.sign(x), params)) if aux else None
-    return RLTrainer(gd, state, step, sampler, ToyData(rows, prompts_per_step * candidates), rewards, rec, Tok(), seed=3,
+    data = data if data is not None else ToyData(rows, prompts_per_step * candidates)
+    return RLTrainer(gd, state, step, sampler, data, rewards, rec, Tok(), seed=3,
                      ref_params=ref_params, critic=critic, aux_params=aux_params, candidates=candidates,
-                     staleness=staleness)
+                     staleness=staleness, prompt_encoder=encoder)
 
 
 def max_diff(a, b):

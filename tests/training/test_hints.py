@@ -1,0 +1,102 @@
+"""GHPO's hints: the part's rules by hand; in the loop, all-fail groups are sampled again with a
+prefix of the reference solution in the prompt, trained in that context (the sampler's
+log-probs equal a teacher-forced pass on the hinted sequence), while the prompt statistics keep
+the unhinted outcome."""
+
+import numpy as np
+import pytest
+
+from jaxrl_llm.algorithms import HINTS, HintInputs, RegistryError
+from jaxrl_llm.data.pipeline import PromptBatch
+from test_rl_recipes_extra import TARGET, make
+
+ghpo = HINTS["ghpo"].fn
+
+
+def _x(values, gid, raws, sols, stage=0, hinted=(), step=0):
+    return HintInputs(np.asarray(values, float), np.asarray(gid), {"solution": list(sols)}, tuple(raws),
+                      frozenset(hinted), stage, step)
+
+
+def test_ghpo_rules_by_hand():
+    raws, sols = ["q0", "q1", "q2"], ["abcdefgh", "xyz", "0123456789"]
+    vals, gid = [0, 0, 1, 0, -1, 0], [0, 0, 1, 1, 2, 2]
+    # stage 0: the all-fail groups (outcome <= 0: groups 0 and 2) get the first round(len * 0.25) characters
+    got = ghpo(_x(vals, gid, raws, sols), template="|")
+    assert got == {0: "q0|ab", 2: "q2|" + "0123456789"[:round(2.5)]}  # Python's round: 2.5 -> 2
+    # stage 1: only groups hinted before that still fail; 50%
+    got = ghpo(_x([0, 0, 1, 0, 1, 0], gid, raws, sols, stage=1, hinted={0, 2}), template="|")
+    assert got == {0: "q0|abcd"}
+    assert ghpo(_x(vals, gid, raws, sols, stage=3, hinted={0}), template="|") == {}  # after 75%: done
+    assert ghpo(_x(vals, gid, raws, sols, step=4), start_step=5) == {}
+    # chat prompts: appended to the last user message
+    got = ghpo(_x([0, 0], [0, 0], [[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]], ["ab"]),
+               template="|", fractions=[1.0])
+    assert got[0][-1] == {"role": "user", "content": "u|ab"} and got[0][0]["content"] == "s"
+    with pytest.raises(ValueError, match="column 'answer'"):
+        ghpo(_x(vals, gid, raws, sols), column="answer")
+    with pytest.raises(ValueError, match="fractions"):
+        ghpo(_x(vals, gid, raws, sols), fractions=[0.0])
+
+
+class HintData:
+    """Prompts as text of token ids; the solution is TARGET tokens (a hint puts TARGETs in context)."""
+
+    def __init__(self, b=2):
+        self.b, self.pos = b, 0
+        self.rows = [("1 2 3", "7 7 7 7 7 7 7 7"), ("4 3 2", "7 7 7 7 7 7 7 7"), ("5 6", "7 7 7 7 7 7 7 7"),
+                     ("2 5 3", "7 7 7 7 7 7 7 7")]
+
+    def __next__(self):
+        idx = [(self.pos + i) % len(self.rows) for i in range(self.b)]
+        self.pos += self.b
+        raws = [self.rows[i][0] for i in idx]
+        return PromptBatch([encode(r)[0] for r in raws], raws, raws, {"solution": [self.rows[i][1] for i in idx]},
+                           [f"toy:{i}" for i in idx])
+
+    def get_state(self):
+        return {"pos": self.pos}
+
+    def set_state(self, s):
+        self.pos = s["pos"]
+
+
+def encode(raw):
+    return [int(t) for t in raw.split()], raw
+
+
+def first_is_target(prompts, completions, completion_ids, **_):
+    """1 when the first completion token is TARGET (rare for the random model: groups fail)."""
+    return [float(len(ids) > 0 and ids[0] == TARGET) for ids in completion_ids]
+
+
+def test_ghpo_in_the_loop_trains_hinted_groups_in_their_context():
+    kw = dict(g=4, prompts_per_step=2, reward=first_is_target, hints={"name": "ghpo", "template": " "},
+              encoder=encode, buckets=(16,))
+    tr = make("grpo", data=HintData(), **kw)
+    fresh = make("grpo", data=HintData(), **kw)  # the initial policy, to check the sampler's log-probs
+    m = tr.step()
+    b = tr.last_batch
+    assert m["hints/groups"] >= 1  # the random policy fails most groups: some were hinted
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    hinted = 0
+    for gi, key in enumerate(tr._last_keys):
+        rows = np.flatnonzero(b["group_ids"] == gi)
+        prompt = b["tokens"][rows[0], :p][b["mask"][rows[0], :p]].tolist()
+        rec = tr.store.records[key]
+        if len(prompt) > 3 and prompt[-1] == TARGET:  # a hinted prompt (the question + TARGET tokens)
+            hinted += 1
+            assert rec["last_pass_rate"] == 0  # the statistics keep the unhinted outcome: all failed
+            assert tr._last_prompts[gi].startswith(HintData().rows[int(key.split(":")[1])][0] + " 7")
+    assert hinted == m["hints/groups"]
+    lp = np.asarray(fresh.logp(fresh.state.params, fresh.frozen, b["tokens"], b["mask"]))
+    lm = b["loss_mask"]
+    np.testing.assert_allclose(b["old_logp"][lm], lp[lm], atol=2e-5)  # sampled in the hinted context
+    assert any(k.startswith("hints/stage1") for k in m) or m["hints/stage0_groups"] >= 1
+
+
+def test_hints_need_an_encoder_and_exclude_replay():
+    with pytest.raises(ValueError, match="prompt_encoder"):
+        make("grpo", g=4, hints="ghpo")
+    with pytest.raises(RegistryError, match="cannot be combined"):
+        make("grpo", g=4, hints="ghpo", replay="arpo", old_logp="recompute", encoder=encode)
