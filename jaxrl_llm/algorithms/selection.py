@@ -60,6 +60,9 @@ class SelectInputs:
     state: dict = dataclasses.field(default_factory=dict)
     feedback: Mapping[str, Any] | None = None
     slots: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``[C]`` a prompt value model's predicted pass rate of each candidate (selectors that
+    #: require ``prompt_value``; ``None`` otherwise)
+    predicted: np.ndarray | None = None
 
 
 SELECTORS = new_registry("prompt selector", "recipe.selector",
@@ -210,3 +213,25 @@ SELECTORS.register(Part(
     core=("uncertainty_priority",), methods=(91,), verified="hand values (the authors' code)", tests=_T,
     note="weights sqrt(p(1 - p)) + 0.05 from SPO's tracker, drawn without replacement among the candidates (the "
          "code: 1024 of a 14000-prompt pool)"))
+
+
+def pcl(x: SelectInputs, *, target: float = 0.5):
+    """PCL: the ``B`` candidates whose predicted pass rate (a value model of the prompt, trained
+    on the empirical mean reward of the prompts it selected) is closest to ``target`` (ties:
+    the earlier candidate)."""
+    if x.predicted is None:
+        raise ValueError("recipe.selector=pcl needs the prompt value model's predictions (requires prompt_value)")
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"recipe.selector=pcl: target must be in [0, 1], got {target}")
+    dist = np.abs(np.asarray(x.predicted, np.float64) - target)
+    return np.argsort(dist, kind="stable")[:x.num_select], x.state
+
+
+SELECTORS.register(Part(
+    "pcl", pcl, paper="Prompt Curriculum Learning for Efficient LLM Post-Training (PCL), arXiv:2510.01135",
+    methods=(249,), requires=frozenset({"prompt_value"}), verified="hand values",
+    tests="tests/training/test_selectors.py",
+    note="no public code: from the paper's abstract, reviews and summaries: k x B candidates (k = 4), a value model "
+         "(the policy's backbone with a score head; trained after every step with a squared loss to each selected "
+         "prompt's mean reward; recipe.critic_lr) scores them at the last prompt token, the B closest to 0.5 are "
+         "sampled; the value model is one step behind the policy, as in the paper"))

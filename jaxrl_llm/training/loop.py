@@ -49,6 +49,7 @@ import dataclasses
 import time
 import types
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -66,7 +67,7 @@ from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
 from jaxrl_llm.parallel.sharding import in_host_memory
 from jaxrl_llm.rewards.base import RewardOutput
-from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket
+from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket, pad_prompts
 from jaxrl_llm.training.host_loop import HostLoop
 from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore, prompt_keys
 from jaxrl_llm.training.providers import AFTER_UPDATE, INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
@@ -124,6 +125,16 @@ def _merge_reward_metrics(outs: list) -> dict[str, float]:
         else:  # errors, timeouts, nonfinite, seconds, failed rows
             merged[k] = float(np.sum(vals))
     return merged
+
+
+@partial(jax.jit, static_argnums=(0,))
+def _last_scores(graphdef, params, frozen, tokens, mask):
+    """``[B]`` a score-head model's output at the last position of left-padded rows."""
+    from flax import nnx
+
+    model = nnx.merge(graphdef, params, *frozen)
+    hidden, _ = model(tokens, mask)
+    return model.scores(hidden[:, -1])[:, 0].astype(jnp.float32)
 
 
 def _put_rows(base, rows: np.ndarray, new) -> np.ndarray:
@@ -233,7 +244,7 @@ class RLTrainer(HostLoop):
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
                  candidates: int = 1, staleness: int = 0, asynchronous: bool = False,
-                 prompt_encoder: Callable | None = None, **loop_kw: Any):
+                 prompt_encoder: Callable | None = None, prompt_value: Critic | None = None, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -286,6 +297,12 @@ class RLTrainer(HostLoop):
                    "differently on each host)" if jax.process_count() > 1 else "")
             if why:
                 raise ValueError(f"rollout.asynchronous=true needs {why}")
+        needs_pv = recipe.selector is not None and "prompt_value" in recipe.selector.part.requires
+        if needs_pv and prompt_value is None:
+            raise ValueError(f"recipe.selector={recipe.selector.name} scores candidates with a prompt value model: pass "
+                             f"prompt_value=Critic.create(...) (a score-head model; objective ValueObjective(None))")
+        if prompt_value is not None and not needs_pv:
+            raise ValueError("prompt_value given but the recipe's selector reads no prompt value model")
         if recipe.hints is not None and prompt_encoder is None:
             raise ValueError(f"recipe.hints={recipe.hints.name} samples hinted prompts: pass prompt_encoder (raw prompt "
                              f"-> (token ids, rendered text), the data pipeline's rendering)")
@@ -322,6 +339,7 @@ class RLTrainer(HostLoop):
         self.candidates = candidates
         self.staleness = staleness
         self.prompt_encoder = prompt_encoder
+        self.prompt_value = prompt_value  # PCL's value model of prompts (pass rate at the last prompt token)
         # asynchronous rollout: the next step's first sampling round runs in a background thread
         # (on the sampler's own devices) while this step's update runs
         self.asynchronous = bool(asynchronous)
@@ -569,6 +587,44 @@ class RLTrainer(HostLoop):
     def data_state(self) -> Any:
         return self._data_state_ahead if self._pending is not None else self.data.get_state()
 
+    def _prompt_tokens(self, prompt_ids, extra: int = 0):
+        """Left-padded ``[B, P + extra]`` prompts (``P``: the sampler's bucket) and their mask."""
+        length = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
+        tokens, mask = pad_prompts(prompt_ids, length, len(prompt_ids), self.sampler.config.pad_token_id)
+        if extra:
+            tokens = np.concatenate([tokens, np.full((len(tokens), extra), self.sampler.config.pad_token_id,
+                                                     tokens.dtype)], 1)
+            mask = np.concatenate([mask, np.ones((len(mask), extra), bool)], 1)
+        return tokens, mask
+
+    def _prompt_values(self, prompt_ids) -> np.ndarray:
+        """The prompt value model's score at the last token of each prompt."""
+        pv = self.prompt_value
+        tokens, mask = self._prompt_tokens(prompt_ids)
+        return np.asarray(gather(_last_scores(pv.graphdef, pv.state.params, pv.frozen, tokens, mask)), np.float64)
+
+    def _fit_prompt_value(self, step: StepBatch) -> dict:
+        """PCL: one step of the prompt value model on this step's trained prompts, towards each
+        one's mean reward total (before shaping) over its valid rows; returns its metrics."""
+        gid, valid = np.asarray(step.arrays["group_ids"]), np.asarray(step.valid)
+        totals = np.asarray(step.totals, np.float64)
+        g = len(step.prompt_ids)
+        has = np.array([((gid == k) & valid).any() for k in range(g)])
+        target = np.array([totals[(gid == k) & valid].mean() if has[k] else 0.0 for k in range(g)], np.float32)
+        before = self._prompt_values(step.prompt_ids)
+        tokens, mask = self._prompt_tokens(step.prompt_ids, extra=1)
+        width = tokens.shape[1] - 1  # the target-aligned columns; the last prompt token is column width - 1
+        lm = np.zeros((g, width), bool)
+        lm[:, width - 1] = has
+        ret = np.zeros((g, width), np.float32)
+        ret[:, width - 1] = target
+        batch = {"tokens": tokens, "mask": mask, "loss_mask": lm, "old_values": np.zeros_like(ret), "returns": ret}
+        pv = self.prompt_value
+        pv.state, m = pv.train_step(pv.state, batch, *pv.frozen)
+        m = jax.device_get(m)
+        return {"pcl/value_loss": float(m["vf_loss"]),
+                "pcl/abs_error": float(np.abs(before - target)[has].mean()) if has.any() else 0.0}
+
     def next_batch(self, round_index: int):
         """The next data batch; with a selector, the candidates it picks (its state and the
         feedback it consumed are updated in the store)."""
@@ -585,9 +641,12 @@ class RLTrainer(HostLoop):
         feedback = self.store.slots.get(FEEDBACK) or None
         rng = np.random.default_rng([self.seed, self.iteration, round_index, 0x5E1EC7])
         stats = self.store.lookup(keys)
+        predicted = None
+        if self.prompt_value is not None:
+            predicted = self._prompt_values(batch.prompt_ids)
         x = SelectInputs(tuple(keys), batch.columns, stats, b, self.iteration, rng,
                          copy.deepcopy(self.store.slot(name)), copy.deepcopy(feedback),
-                         types.MappingProxyType(self.store.slots))
+                         types.MappingProxyType(self.store.slots), predicted)
         idx, new_state = sel(x)
         idx = check_selection(sel.name, idx, len(batch), b)
         self.store.slots[name] = dict(new_state)
@@ -598,6 +657,9 @@ class RLTrainer(HostLoop):
             "select/candidates_pass_rate": float(stats["prompt_pass_rate"][seen].mean()) if seen.any() else 0.0,
             "select/chosen_pass_rate": float(stats["prompt_pass_rate"][idx][seen[idx]].mean()) if seen[idx].any()
             else 0.0}
+        if predicted is not None:
+            self._select_metrics.update({"select/predicted_chosen_mean": float(predicted[idx].mean()),
+                                         "select/predicted_candidates_mean": float(predicted.mean())})
         return _subset(batch, idx)
 
     def hint(self, batch, roll, out, key: jax.Array):
@@ -883,6 +945,8 @@ class RLTrainer(HostLoop):
             self._stale = self._stale[1:] + [current]
         for name in sorted(self.recipe.requires & set(AFTER_UPDATE)):  # trackers (SPO's), after the update
             AFTER_UPDATE[name](self, step)
+        if self.prompt_value is not None:
+            step.metrics.update(self._fit_prompt_value(step))
         self.observe(step, rounds)
         self.iteration += 1
         self._update_kl_controller(step, step_metrics)
@@ -1012,9 +1076,11 @@ class RLTrainer(HostLoop):
     def checkpoint_state(self) -> Any:
         """The train state, plus the critic's (``{"policy", "critic"}``) and the adaptive KL
         controller's (``"kl_controller"``) when the recipe has them."""
-        if self.critic is None and self.kl_state is None and not self.staleness:
+        if self.critic is None and self.kl_state is None and not self.staleness and self.prompt_value is None:
             return self.state
         out: dict[str, Any] = {"policy": self.state}
+        if self.prompt_value is not None:
+            out["prompt_value"] = self.prompt_value.state
         if self.critic is not None:
             out["critic"] = self.critic.state
         if self.kl_state is not None:
@@ -1042,10 +1108,12 @@ class RLTrainer(HostLoop):
 
     def load_checkpoint_state(self, state: Any) -> None:
         self._pending = None  # a read-ahead rollout of the state being replaced
-        if self.critic is None and self.kl_state is None and not self.staleness:
+        if self.critic is None and self.kl_state is None and not self.staleness and self.prompt_value is None:
             self.state = state
             return
         self.state = state["policy"]
+        if self.prompt_value is not None:
+            self.prompt_value.state = state["prompt_value"]
         if self.staleness:
             self._stale = list(state["stale_params"])
         if self.critic is not None:

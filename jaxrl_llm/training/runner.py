@@ -409,6 +409,15 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
                                               max_grad_norm=o.max_grad_norm),
                                rec.value_objective, policy_params=base, seed=cfg.run.seed,
                                num_microbatches=o.num_microbatches, mesh=mesh)
+    prompt_value = None
+    if rec.selector is not None and "prompt_value" in rec.selector.part.requires:  # PCL's value model of prompts
+        from jaxrl_llm.training.objectives import ValueObjective
+
+        base = nnx.state(nnx.merge(s.gd, params, s.frozen_state), nnx.Param)
+        prompt_value = Critic.create(s.base_cfg.replace(lora=None),
+                                     make_optimizer(cfg.recipe.critic_lr, cfg.run.steps, max_grad_norm=o.max_grad_norm),
+                                     ValueObjective(None, "token-mean"), policy_params=base, seed=cfg.run.seed + 7,
+                                     mesh=mesh)
     trainer = None
 
     def log_fn(metrics: dict) -> None:
@@ -433,7 +442,8 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
-                        asynchronous=cfg.rollout.asynchronous, prompt_encoder=encode, checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
+                        asynchronous=cfg.rollout.asynchronous, prompt_encoder=encode, prompt_value=prompt_value,
+                        checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer
 

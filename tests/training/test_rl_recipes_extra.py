@@ -122,7 +122,7 @@ class MismatchedSampler:
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
          stop=False, mismatch=False, aux=False, candidates=1, staleness=0, data=None, encoder=None, buckets=(P,),
-         **overrides):
+         pcl=False, **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -148,9 +148,16 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
     # an auxiliary policy (RTO's DPO model): the initial weights, moved a little
     aux_params = commit(jax.tree.map(lambda x: x + 0.05 * np.sign(x), params)) if aux else None
     data = data if data is not None else ToyData(rows, prompts_per_step * candidates)
+    prompt_value = None
+    if pcl:  # PCL's value model of prompts: a score head on the toy backbone
+        pgd, pparams = init("score")
+        popt = cached(("adam", critic_lr), lambda: optax.adam(critic_lr))
+        vobj = ValueObjective(None, "token-mean")
+        prompt_value = Critic(pgd, commit(init_train_state(pparams, popt, seed=2)),
+                              cached(("pv-step", critic_lr), lambda: make_train_step(pgd, popt, vobj)))
     return RLTrainer(gd, state, step, sampler, data, rewards, rec, Tok(), seed=3,
                      ref_params=ref_params, critic=critic, aux_params=aux_params, candidates=candidates,
-                     staleness=staleness, prompt_encoder=encoder)
+                     staleness=staleness, prompt_encoder=encoder, prompt_value=prompt_value)
 
 
 def max_diff(a, b):

@@ -1,6 +1,8 @@
 """Prompt selectors (SEC, VAS, SPO's priority) and SPO's tracker: hand-driven selections and
 updates, the loop's candidate draw, determinism and bitwise resume."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -225,3 +227,48 @@ def test_spo_tracker_uses_the_sampled_rows_under_a_batch_filter_and_one_decay_pe
         r = scores[arrays["group_ids"] == g]
         assert slot[k]["alpha"] == pytest.approx(0.96 * 0.5 + r.sum(), rel=1e-5)
         assert slot[k]["beta"] == pytest.approx(0.96 * 0.5 + (1 - r).sum(), rel=1e-5)
+
+
+def test_pcl_picks_the_predictions_closest_to_the_target():
+    pcl = SELECTORS["pcl"].fn
+    x = _x(["a", "b", "c", "d", "e"], 2)
+    x = dataclasses.replace(x, predicted=np.array([0.9, 0.45, 0.1, 0.55, 0.5]))
+    idx, _ = pcl(x)
+    assert idx.tolist() == [4, 1]  # |0.5 - 0.5| = 0, then the tie 0.45 / 0.55 goes to the earlier candidate
+    idx, _ = pcl(x, target=0.1)
+    assert idx.tolist() == [2, 1]
+    with pytest.raises(ValueError, match="requires prompt_value"):
+        pcl(_x(["a"], 1))
+
+
+def test_pcl_in_the_loop_selects_by_the_value_model_fits_it_and_resumes(tmp_path):
+    kw = dict(g=4, prompts_per_step=2, rows=ROWS, candidates=2, selector={"name": "pcl"}, pcl=True, critic_lr=1e-3)
+    tr = make("grpo", **kw)
+    for it in range(3):
+        cand_keys = [f"toy:{(4 * it + j) % len(ROWS)}" for j in range(4)]
+        cand_ids = [list(ROWS[(4 * it + j) % len(ROWS)][0]) for j in range(4)]
+        pred = tr._prompt_values(cand_ids)
+        want = [cand_keys[i] for i in np.argsort(np.abs(pred - 0.5), kind="stable")[:2]]
+        m = tr.step()
+        assert tr._last_keys == want
+        b = tr.last_batch
+        target = np.array([b["scores"][b["group_ids"] == k].mean() for k in range(2)])
+        ids = [cand_ids[cand_keys.index(k)] for k in want]
+        before, after = pred[[cand_keys.index(k) for k in want]], tr._prompt_values(ids)
+        assert m["pcl/abs_error"] == pytest.approx(np.abs(before - target).mean(), rel=1e-4, abs=1e-6)
+        # the fit's loss is 0.5 (V - mean reward)^2 at the last prompt token, averaged over the prompts
+        assert m["pcl/value_loss"] == pytest.approx(0.5 * np.mean((before - target) ** 2), rel=1e-3, abs=1e-7)
+        assert not np.allclose(after, before)
+    straight = make("grpo", **kw)
+    straight.run(3)
+    first = make("grpo", **kw)
+    first.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    first.run(2)
+    resumed = make("grpo", **kw)
+    resumed.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    assert resumed.restore()
+    resumed.run(3)
+    assert resumed._last_keys == straight._last_keys and resumed.history[-1]["loss"] == straight.history[-1]["loss"]
+    np.testing.assert_array_equal(resumed._prompt_values([[1, 2]]), straight._prompt_values([[1, 2]]))
+    with pytest.raises(ValueError, match="prompt value model"):
+        make("grpo", g=4, prompts_per_step=2, rows=ROWS, candidates=2, selector={"name": "pcl"})
