@@ -21,7 +21,8 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
-            ("recipe.selector", "sec"): {"column": "const"}}
+            ("recipe.selector", "sec"): {"column": "const"},
+            ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
 
 
 def _id(r):
@@ -41,8 +42,10 @@ def _kind(r) -> str:
     if _needs_agent(r):
         return "agent"
     if r["key"] in ("recipe.advantage", "recipe.loss", "recipe.shaping", "recipe.truncation", "recipe.is_weights",
-                    "recipe.batch_filter", "recipe.selector"):
+                    "recipe.batch_filter", "recipe.selector", "recipe.allocator", "recipe.replay", "recipe.hints"):
         return "rl"
+    if r["key"] == "env.horizon":
+        return "agent"
     return "unknown"
 
 
@@ -74,8 +77,15 @@ def _rl(r):
         kw["stop"] = True
     if field == "loss" and r["name"] == "p3o":
         kw["g"] = 2
+    if field == "replay":
+        kw["old_logp"] = "recompute"
+    if field == "hints":
+        from test_hints import HintData, encode
+
+        kw.update(data=HintData(4), encoder=encode, buckets=(16,))
     if field == "selector":
         kw["candidates"] = 2
+        kw["pcl"] = r["name"] == "pcl"
         if r["name"] == "spo_priority":
             preset, kw["g"], kw["reward"] = "single_stream_po", 1, [target_frac]
     if field == "advantage" and r["name"] == "single_stream_po":
@@ -89,6 +99,13 @@ def _agent(r):
 
     from jaxrl_llm.algorithms import ESTIMATORS
 
+    if r["key"] == "env.horizon":
+        from jaxrl_llm.algorithms import HORIZONS
+        from jaxrl_llm.algorithms.registry import Bound
+
+        tr = make_agent()
+        tr.horizon = Bound.of(HORIZONS[r["name"]], REQUIRED.get((r["key"], r["name"]), {}))
+        return [tr.step() for _ in range(2)]
     req = ESTIMATORS[r["name"]].requires
     critic = "values" in req or "progress" in req
     tr = make_agent("spa" if r["name"] == "spa" else ("ppo" if critic else "grpo"),
