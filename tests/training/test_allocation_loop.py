@@ -8,9 +8,8 @@ import pytest
 import jaxrl_llm.core as core
 from jaxrl_llm.algorithms import ALLOCATORS, AllocateInputs, RegistryError
 from jaxrl_llm.algorithms.allocation import knapsack_estimates
-from jaxrl_llm.training import Checkpointer
 from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore
-from test_rl_recipes_extra import PROMPTS, TARGET, _digest, make
+from test_rl_recipes_extra import PROMPTS, TARGET, make, straight_and_resumed
 
 
 def any_target(prompts, completions, completion_ids, const, **_):
@@ -82,17 +81,8 @@ def test_knapsack_counts_follow_the_core_allocation_from_the_store():
 
 
 def test_resume_with_an_allocator_is_bitwise(tmp_path):
-    def run(tr, steps, ckpt=None):
-        if ckpt is not None:
-            tr.checkpointer = Checkpointer(ckpt, keep_last=1)
-            tr.restore()
-        tr.run(steps)
-        return _digest(tr.state), [h["rewards/total/mean"] for h in tr.history], tr.store.state_dict()
-
-    a = run(_knapsack(), 5)
-    run(_knapsack(), 3, tmp_path)
-    b = run(_knapsack(), 5, tmp_path)
-    assert a == b
+    a, b = straight_and_resumed(_knapsack, 5, 3, tmp_path)
+    assert a == b and any(r.get("recent") for r in a[2]["records"].values())
 
 
 def test_allocator_configuration_errors():

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.algorithms import REPLAYS, RegistryError, ReplayInputs
-from jaxrl_llm.training import Checkpointer
 from test_allocation_loop import any_target
-from test_rl_recipes_extra import PROMPTS, _digest, make
+from test_rl_recipes_extra import PROMPTS, make, straight_and_resumed
 
 arpo = REPLAYS["arpo"].fn
 
@@ -81,16 +80,7 @@ def test_loop_injects_stored_successes_into_collapsed_groups():
 
 
 def test_resume_with_a_replay_buffer_is_bitwise(tmp_path):
-    def run(tr, steps, ckpt=None):
-        if ckpt is not None:
-            tr.checkpointer = Checkpointer(ckpt, keep_last=1)
-            tr.restore()
-        tr.run(steps)
-        return _digest(tr.state), [h["rewards/total/mean"] for h in tr.history], tr.store.state_dict()
-
-    a = run(_trainer(), 6)
-    run(_trainer(), 3, tmp_path)
-    b = run(_trainer(), 6, tmp_path)
+    a, b = straight_and_resumed(_trainer, 6, 3, tmp_path)
     assert a == b and a[2]["slots"]["replay/arpo"]
 
 

@@ -433,6 +433,22 @@ def _digest(tree):
     return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(jax.device_get(tree)))).hexdigest()
 
 
+def straight_and_resumed(build, total, split, ckpt):
+    """``total`` steps of a fresh ``build()`` straight, and ``split`` steps, a checkpoint, then a
+    fresh trainer restored and run to ``total``: ``(params digest, rewards, store)`` of each."""
+    def run(tr, steps, restore=False):
+        if restore is not None:
+            tr.checkpointer = Checkpointer(ckpt, keep_last=1)
+            if restore:
+                tr.restore()
+        tr.run(steps)
+        return _digest(tr.state), [h["rewards/total/mean"] for h in tr.history], tr.store.state_dict()
+
+    a = run(build(), total, None)
+    run(build(), split)
+    return a, run(build(), total, True)
+
+
 @pytest.mark.parametrize("name", ["dapo", "ppo"])
 def test_resume_is_bitwise(name, tmp_path):
     """3 steps straight == 2 steps, save, a fresh trainer restores and does 1 more; with
