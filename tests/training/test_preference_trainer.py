@@ -179,7 +179,8 @@ def test_objective_equals_core_loss_on_independent_logps():
     assert abs(float(m["rewards/chosen"]) - float(want.metrics["chosen_rewards"])) <= 1e-6
 
 
-@pytest.mark.parametrize("name", ["dpo", "simpo"])
+# DPO by default (suite time); SimPO's reference-free path with -m slow
+@pytest.mark.parametrize("name", ["dpo", pytest.param("simpo", marks=pytest.mark.slow)])
 def test_one_vs_four_microbatches_same_update(name):
     params = model_parts(0)[1]
     batch = next(pair_data(toy_pairs(B, 2), B))
