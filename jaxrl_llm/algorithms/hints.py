@@ -26,7 +26,7 @@ __all__ = ["HintInputs", "HINTS", "add_hint"]
 @dataclasses.dataclass(frozen=True)
 class HintInputs:
     """What a hint part sees for one round: ``values`` ``[N]`` each row's outcome (the reward
-    total or the reward function named by the part's ``metric``; ``NaN``: did not apply),
+    total or the reward function named by the part's ``metric``, "does not apply" counting 0),
     ``group_ids`` ``[N]``, ``columns`` the data columns per group (the reference solution is
     one), ``raw_prompts`` each group's prompt as the data gives it (a string or chat messages)
     before any hint, ``hinted`` the groups hinted in earlier stages, ``stage`` the number of

@@ -32,7 +32,7 @@ class ReplayInputs:
     """What a replay part sees for one sampling round (host values).
 
     ``keys`` the groups' prompt keys; ``values`` ``[N]`` each row's outcome (the reward total,
-    or the reward function named by the part's ``metric``; ``NaN``: did not apply);
+    or the reward function named by the part's ``metric``, "does not apply" counting 0);
     ``group_ids`` ``[N]``; ``rng`` a NumPy generator of (seed, iteration, round);
     ``buffer`` the part's state (a copy: return the new one); ``entry(i)`` the storable record
     of row ``i`` (``{"ids", "logprobs", "length", "stopped", "total", "per_fn", "step"}``:
@@ -149,17 +149,3 @@ def apply_replacements(roll, out, replace: Mapping[int, dict]):
     return (roll._replace(tokens=tokens, mask=mask, logprobs=logprobs.astype(np.asarray(roll.logprobs).dtype),
                           lengths=lengths, stopped=stopped),
             type(out)(total, per_fn, failed, out.metrics))
-
-
-def replay_values(out, metric: str | None) -> np.ndarray:
-    """``[N]`` the outcome a replay part reads: a reward function's scores or the total."""
-    if metric is None:
-        return np.asarray(out.total, np.float64)
-    if metric not in out.per_fn:
-        raise ValueError(f"recipe.replay.metric {metric!r} is not a reward function; the rewards are {sorted(out.per_fn)}")
-    return np.asarray(out.per_fn[metric], np.float64)
-
-
-def replay_metric(bound) -> str | None:
-    return dict(bound.kwargs).get("metric") if bound is not None else None
-

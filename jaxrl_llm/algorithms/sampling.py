@@ -24,7 +24,8 @@ import numpy as np
 import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
-__all__ = ["ShapingInputs", "GroupFilter", "SHAPING", "GROUP_FILTERS", "BATCH_FILTERS", "TRUNCATIONS", "overlong_lengths"]
+__all__ = ["ShapingInputs", "GroupFilter", "SHAPING", "GROUP_FILTERS", "BATCH_FILTERS", "TRUNCATIONS", "overlong_lengths",
+           "metric_values"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +128,18 @@ class GroupFilter:
     metric: str | None = None
 
     def values(self, total: np.ndarray, per_fn: Mapping[str, np.ndarray]) -> np.ndarray:
-        if self.metric is None:
-            return np.asarray(total)
-        if self.metric not in per_fn:
-            raise ValueError(f"recipe.group_filter.metric {self.metric!r} is not a reward function; "
-                             f"the rewards are {sorted(per_fn)}")
-        return np.nan_to_num(per_fn[self.metric], nan=0.0)  # "does not apply" counts 0, as in the total
+        return metric_values(total, per_fn, self.metric, "recipe.group_filter")
+
+
+def metric_values(total, per_fn: Mapping[str, np.ndarray], metric: str | None, key: str) -> np.ndarray:
+    """``[N]`` the outcome a loop part reads: the reward total (``metric=None``) or one reward
+    function's scores, "does not apply" (NaN) counting 0 as in the total; ``key`` names the
+    config key in the error for an unknown reward function."""
+    if metric is None:
+        return np.asarray(total)
+    if metric not in per_fn:
+        raise ValueError(f"{key}.metric {metric!r} is not a reward function; the rewards are {sorted(per_fn)}")
+    return np.nan_to_num(per_fn[metric], nan=0.0)
 
 
 def _keep_all(values, prompt_index, num_prompts) -> np.ndarray:

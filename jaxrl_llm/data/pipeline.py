@@ -31,7 +31,7 @@ from jaxrl_llm.shapes import bucket, pad_rows  # pad_rows is re-exported (its ho
 
 __all__ = ["PromptDataConfig", "PromptBatch", "DataIterator", "prompt_dataset", "PreferenceDataConfig",
            "PreferenceBatch", "preference_dataset", "KTODataConfig", "KTOBatch", "kto_dataset", "SFTDataConfig",
-           "SFTBatch", "sft_dataset", "render_prompt", "end_of_turn_id", "repeat_columns", "pad_rows"]
+           "SFTBatch", "sft_dataset", "render_prompt", "encode_prompt", "end_of_turn_id", "repeat_columns", "pad_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,15 @@ def render_prompt(tokenizer: Any, prompt: str | Sequence[dict], *, chat: bool = 
 
 def _tokens(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict], *, chat: bool = True,
+                  system_prompt: str | None = None) -> tuple[list[int], str]:
+    """``(token ids, rendered text)`` of a prompt as the RL data pipeline encodes it: the text of
+    :func:`render_prompt`, tokenised without special tokens under a chat template (the template
+    has them) and with the tokenizer's own ones otherwise."""
+    text = render_prompt(tokenizer, prompt, chat=chat, system_prompt=system_prompt)
+    return (_tokens(tokenizer, text) if chat else list(tokenizer(text)["input_ids"])), text
 
 
 def _field(rec: dict, name: str) -> Any:
@@ -289,8 +298,7 @@ def prompt_dataset(source: Any, tokenizer: Any, config: PromptDataConfig = Promp
                              f"{cfg.budget_template!r}")
 
     def encode_one(rec: dict, prompt: Any, cols: dict):
-        text = render_prompt(tokenizer, prompt, chat=cfg.chat, system_prompt=cfg.system_prompt)
-        ids = _tokens(tokenizer, text) if cfg.chat else list(tokenizer(text)["input_ids"])
+        ids, text = encode_prompt(tokenizer, prompt, chat=cfg.chat, system_prompt=cfg.system_prompt)
         if len(ids) > cfg.max_prompt_tokens:
             return _Skip("too_long", rec[WHERE], f"prompt has {len(ids)} tokens > max_prompt_tokens="
                                                  f"{cfg.max_prompt_tokens}")

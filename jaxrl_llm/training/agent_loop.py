@@ -263,7 +263,8 @@ class AgentTrainer(RLTrainer):
         t0 = time.perf_counter()
         cap = self.max_turns
         if self.horizon is not None:
-            cap = self.horizon(self.iteration) if cap is None else min(cap, self.horizon(self.iteration))
+            stage_cap = self.horizon(self.iteration)
+            cap = stage_cap if cap is None else min(cap, stage_cap)
             t["env/max_turns"] = float(cap)
         ep = rollout_episodes(self.sampler, self.state.params, self.spec, seeds, self.fmt, k_roll, *self.frozen,
                               max_turns=cap, step_timeout_s=self.step_timeout_s)

@@ -58,10 +58,10 @@ import numpy as np
 
 from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
-from jaxrl_llm.algorithms.sampling import ShapingInputs
+from jaxrl_llm.algorithms.sampling import ShapingInputs, metric_values
 from jaxrl_llm.algorithms.allocation import AllocateInputs, check_allocation, history_window
 from jaxrl_llm.algorithms.hints import HintInputs
-from jaxrl_llm.algorithms.replay import ReplayInputs, apply_replacements, entry_of, replay_metric, replay_values
+from jaxrl_llm.algorithms.replay import ReplayInputs, apply_replacements, entry_of
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
 from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.parallel.multihost import allgather_objects, gather
@@ -510,6 +510,7 @@ class RLTrainer(HostLoop):
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         self._replay_metrics = {}
         self._hint_metrics = {}
+        params = self._stale[0] if self.staleness else self.state.params  # the policy this step samples with
         for r in range(gf.max_rounds):
             if r == 0 and self._pending is not None:  # sampled during the last step's update
                 t0 = time.perf_counter()
@@ -523,7 +524,6 @@ class RLTrainer(HostLoop):
                 t["time/data"] += time.perf_counter() - t0
                 target = target or len(batch)
                 t0 = time.perf_counter()
-                params = self._stale[0] if self.staleness else self.state.params
                 counts = self.allocate(batch)
                 roll = self.sampler(params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen,
                                     **({} if counts is None else {"counts": counts}))
@@ -534,7 +534,7 @@ class RLTrainer(HostLoop):
             out = self.score(batch.prompts, batch.columns, roll)
             roll, out, cut = self.truncate(batch, roll, out)
             keys = prompt_keys(batch.where, batch.columns)
-            t_batch, t_roll, t_out = self.hint(batch, roll, out, self.round_key(k_roll, r))
+            t_batch, t_roll, t_out = self.hint(batch, roll, out, params, self.round_key(k_roll, r))
             t_roll, t_out = self.replay(t_roll, t_out, keys, r)
             rounds.append(_Round(batch, roll, out, self.shape(t_out, t_roll, t_batch.prompts, keys), cut, keys,
                                  None if t_roll is roll else t_roll, None if t_out is out else t_out,
@@ -662,9 +662,10 @@ class RLTrainer(HostLoop):
                                          "select/predicted_candidates_mean": float(predicted.mean())})
         return _subset(batch, idx)
 
-    def hint(self, batch, roll, out, key: jax.Array):
+    def hint(self, batch, roll, out, params, key: jax.Array):
         """The recipe's hints on one scored round: ``(batch, rollout, rewards)`` to train on, the
-        groups the part picks sampled again with hinted prompts (stage after stage)."""
+        groups the part picks sampled again with hinted prompts (stage after stage) by the
+        round's policy ``params``."""
         part = self.recipe.hints
         if part is None:
             return batch, roll, out
@@ -674,10 +675,9 @@ class RLTrainer(HostLoop):
         hinted: set[int] = set()
         longest = max(self.sampler.length_buckets)
         too_long = 0
-        params = self._stale[0] if self.staleness else self.state.params
         for stage in range(64):
-            x = HintInputs(replay_values(out, replay_metric(part)), np.asarray(roll.prompt_index), batch.columns, raw,
-                           frozenset(hinted), stage, self.iteration)
+            x = HintInputs(metric_values(out.total, out.per_fn, dict(part.kwargs).get("metric"), "recipe.hints"),
+                           np.asarray(roll.prompt_index), batch.columns, raw, frozenset(hinted), stage, self.iteration)
             todo = {}
             for grp, hint_raw in part(x).items():
                 enc = self.prompt_encoder(hint_raw)
@@ -721,7 +721,8 @@ class RLTrainer(HostLoop):
             return roll, out
         name = f"replay/{rep.name}"
         rng = np.random.default_rng([self.seed, self.iteration, round_index, 0x4E9A1])
-        x = ReplayInputs(tuple(keys), replay_values(out, replay_metric(rep)), np.asarray(roll.prompt_index), rng,
+        x = ReplayInputs(tuple(keys), metric_values(out.total, out.per_fn, dict(rep.kwargs).get("metric"), "recipe.replay"),
+                         np.asarray(roll.prompt_index), rng,
                          copy.deepcopy(self.store.slot(name)), lambda i: entry_of(roll, out, i, self.iteration),
                          self.iteration)
         replace, buf, metrics = rep(x)
@@ -1051,16 +1052,13 @@ class RLTrainer(HostLoop):
         b = self.last_batch
         if b is None:
             return []
-        if self.recipe.allocator is None:
-            g = self.recipe.num_samples
-            order = [i for k in range(g) for i in range(k, len(b["valid"]), g)]  # sample k of every group, k = 0, 1, ...
-        else:  # groups of different sizes: by rank within the group, then position
-            gid = np.asarray(b["group_ids"])
-            rank = np.zeros(len(gid), np.int64)
-            for grp in np.unique(gid):
-                rows = np.flatnonzero(gid == grp)
-                rank[rows] = np.arange(len(rows))
-            order = np.lexsort((np.arange(len(gid)), rank)).tolist()
+        # sample k of every group, k = 0, 1, ... (groups of any size: by rank within the group)
+        gid = np.asarray(b["group_ids"])
+        rank = np.zeros(len(gid), np.int64)
+        for grp in np.unique(gid):
+            rows = np.flatnonzero(gid == grp)
+            rank[rows] = np.arange(len(rows))
+        order = np.lexsort((np.arange(len(gid)), rank)).tolist()
         cmask = b["completion_mask"]
         p = b["tokens"].shape[1] - cmask.shape[1]
         out = []

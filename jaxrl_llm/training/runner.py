@@ -299,9 +299,9 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
     mesh = sampler_mesh = None
     m_ = cfg.mesh
     k = cfg.rollout.sampler_devices
-    if k:  # the sampler's devices first, the trainer's after them
-        from jaxrl_llm.parallel import make_mesh
+    from jaxrl_llm.parallel import make_mesh
 
+    if k:  # the sampler's devices first, the trainer's after them
         devs = jax.devices()
         if k >= len(devs) or (len(devs) - k) != m_.data * m_.fsdp * m_.tensor:
             raise ConfigError(f"rollout.sampler_devices={k} of {len(devs)} devices leaves {len(devs) - k} to the "
@@ -309,8 +309,6 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
         mesh = make_mesh((m_.data, m_.fsdp, m_.tensor), devices=devs[k:])
         sampler_mesh = make_mesh((k, 1, 1), devices=devs[:k])
     elif m_.data * m_.fsdp * m_.tensor > 1:
-        from jaxrl_llm.parallel import make_mesh
-
         mesh = make_mesh((m_.data, m_.fsdp, m_.tensor))
     model, tok = load_policy(cfg.model, seed=cfg.run.seed, mesh=mesh)
     gd, params, frozen_state = nnx.split(model, trainable(model.cfg), ...)
@@ -432,11 +430,9 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
 
         aux_params = load_aux_params(cfg.model.aux_params, params)
     def encode(raw):  # a (hinted) prompt rendered and tokenised as the data pipeline does
-        from jaxrl_llm.data.pipeline import render_prompt
+        from jaxrl_llm.data.pipeline import encode_prompt
 
-        text = render_prompt(s.tok, raw, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt)
-        ids = list(s.tok(text, add_special_tokens=False)["input_ids"]) if cfg.data.chat else list(s.tok(text)["input_ids"])
-        return ids, text
+        return encode_prompt(s.tok, raw, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt)
 
     trainer = RLTrainer(s.gd, state, train_step, sampler, data, _rewards(cfg, reward_fn), rec, s.tok,
                         seed=cfg.run.seed, frozen=s.frozen, ref_params=ref_params, critic=critic, checkpointer=ckpt,
