@@ -49,24 +49,41 @@ FAST = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256)
 # --------------------------------------------------------------------------------------
 
 
-def _ancestors(pid: int) -> set[int]:
-    """The parent chain of ``pid`` (empty when it cannot be read)."""
-    out: set[int] = set()
-    while pid > 1 and pid not in out:
-        out.add(pid)
+def _parent_chain(pid: int) -> list[tuple[int, int]]:
+    """``(pid, ppid)`` from ``pid`` up to (not including) init; shorter when unreadable."""
+    out: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
         try:
             with open(f"/proc/{pid}/status") as f:
-                pid = int(re.search(r"^PPid:\s+(\d+)", f.read(), re.M).group(1))
+                ppid = int(re.search(r"^PPid:\s+(\d+)", f.read(), re.M).group(1))
         except (OSError, AttributeError):
             break
+        out.append((pid, ppid))
+        pid = ppid
     return out
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The parent chain of ``pid`` (empty when it cannot be read)."""
+    return {p for p, _ in _parent_chain(pid)}
+
+
+def _run_by_a_sibling_worker(pid: int) -> bool:
+    """True when ``pid`` descends from another child of this process's parent: under
+    pytest-xdist, a sandbox another worker is running right now (e.g. the agents' python tool).
+    Orphans (reparented to init or a subreaper) are not excluded: a leak is what we look for."""
+    me, parent = os.getpid(), os.getppid()
+    return any(p != me and pp == parent for p, pp in _parent_chain(pid)[1:])
 
 
 def _sandbox_processes(mine_only: bool = False) -> list[tuple[int, str]]:
     """Live processes that belong to some sandbox run: their command line carries the harness
     script's path (forks of it inherit it), or (as root) their uid is in the per-run range.
     ``mine_only``: only descendants of this process (another pytest worker's sandboxes, e.g. the
-    agents' python tool, run at the same time)."""
+    agents' python tool, run at the same time). Otherwise every sandbox process except those a
+    sibling pytest worker is running: descendants of this process and orphans."""
     if not LINUX:
         return []
     me = os.getpid()
@@ -88,6 +105,8 @@ def _sandbox_processes(mine_only: bool = False) -> list[tuple[int, str]]:
         if os.fsencode(sb._CHILD_SCRIPT) in cmd or sb._UID_BASE <= uid < sb._UID_BASE + sb._UID_SPAN:
             if mine_only and me not in _ancestors(int(name)):
                 continue
+            if not mine_only and _run_by_a_sibling_worker(int(name)):
+                continue
             found.append((int(name), state.group(1) if state else "?"))
     return found
 
@@ -96,7 +115,9 @@ def assert_no_sandbox_processes_left() -> None:
     deadline = time.monotonic() + 3.0
     while _sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_processes() == []
+    left = _sandbox_processes()
+    # On failure, say whose they are: the parent chain names the run that leaked them.
+    assert left == [], [(pid, state, _parent_chain(pid)) for pid, state in left]
 
 
 class PeakSandboxProcesses:
