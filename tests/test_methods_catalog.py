@@ -70,7 +70,8 @@ def test_every_estimator_is_selectable(name):
 
 @pytest.mark.parametrize("name", SURROGATES.names())
 def test_every_policy_loss_is_selectable(name):
-    rec = recipe("grpo", num_samples=4, loss={"name": name, **_needs(name, SURROGATES)})
+    hints = {"hints": "guide"} if "hinted" in SURROGATES[name].requires else {}  # Guide's loss needs its re-roll
+    rec = recipe("grpo", num_samples=4, loss={"name": name, **_needs(name, SURROGATES)}, **hints)
     assert rec.objective.policy_loss is SURROGATES[name].fn
 
 

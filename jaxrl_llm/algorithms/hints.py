@@ -7,7 +7,12 @@ prompt, so it is never in the loss, and the log-probs are the policy's in that c
 asks again with the new outcomes (``stage`` counts the asks) until the part returns no group.
 The prompt statistics, the reward metrics and a replay buffer see the round as first sampled.
 
-A part is ``fn(x: HintInputs, **params) -> {group: hinted raw prompt}``.
+A part is ``fn(x: HintInputs, **params) -> {group: hinted raw prompt}``. Its flag ``context``
+says where the hinted groups are trained: ``"hinted"`` (the default: GHPO, the hint is part of
+the prompt trained on) or ``"plain"`` (Guide: the responses sampled with the hint are trained
+after the plain prompt, their old log-probs the sampler's in the hinted context, so the ratio
+is an importance ratio between the two contexts; the loop marks those rows, the ``hinted``
+input of ``recipe.loss=guide``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
-__all__ = ["HintInputs", "HINTS", "add_hint"]
+__all__ = ["HintInputs", "HINTS", "add_hint", "trains_in_plain_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +51,11 @@ HINTS = new_registry("hints", "recipe.hints", "fn(x: HintInputs, **params) -> {g
 #: GHPO's text before the solution prefix (the authors' ``ghpo_trainer.py``)
 GHPO_TEXT = ("\n The following text is the beginning part of the answer, which you can refer to for solving the "
              "problem:\n")
+
+
+def trains_in_plain_context(bound) -> bool:
+    """True for a bound hint part whose hinted groups train after the plain prompt (Guide)."""
+    return bound is not None and bound.part.flag("context", "hinted") == "plain"
 
 
 def add_hint(raw: Any, text: str) -> Any:
@@ -105,3 +115,54 @@ HINTS.register(Part(
          "re-sampled with 25%, then 50%, then 75% of the solution's characters appended to the prompt, all within "
          "the step; trained in the hinted context with no ratio correction; tasks give the solution in a column "
          "(default 'solution')"))
+
+
+#: the text before a hint appended to the prompt by ``recipe.hints=guide`` with ``replace=false``
+GUIDE_TEXT = "\nHint: "
+
+
+def guide(x: HintInputs, *, column: str = "hint", replace: bool = True, template: str = GUIDE_TEXT,
+          threshold: float = 0.0, start_step: int = 0, metric: str | None = None):
+    """Guide's re-roll (arXiv:2506.13923; the authors' ``vaskar-open-source-research/guide_rl``
+    @2f27715, ``ray_trainer.py``): a group whose mean outcome is ``<= threshold`` (0 of G
+    correct) is sampled once more from the hinted prompt, from training step ``start_step``
+    on. The hint is a data column: with ``replace`` (the authors' data) the column holds the
+    whole hinted prompt, else its text is appended to the user message after ``template``.
+    The loop trains the hinted responses after the *plain* prompt (flag ``context="plain"``);
+    ``recipe.loss=guide`` reshapes their ratio. ``metric``: the reward function whose outcome
+    decides (default the total)."""
+    del metric  # read by the loop
+    if x.stage > 0 or x.step < start_step:
+        return {}
+    if column not in x.columns:
+        raise ValueError(f"recipe.hints=guide reads each problem's hint from data column {column!r}; the data has "
+                         f"{sorted(x.columns)} (set recipe.hints.column)")
+    vals = np.nan_to_num(np.asarray(x.values, np.float64), nan=0.0)
+    gid = np.asarray(x.group_ids)
+    out = {}
+    for g in range(len(x.raw_prompts)):
+        rows = gid == g
+        if not rows.any() or vals[rows].mean() > threshold:
+            continue
+        text = x.columns[column][g]
+        if text is None or (isinstance(text, str) and not text):
+            continue  # a problem without a hint is not re-rolled
+        if replace:
+            if not isinstance(text, (str, list, tuple)):
+                raise ValueError(f"recipe.hints=guide: data column {column!r} must hold the hinted prompt (a string or "
+                                 f"chat messages) with replace=true; group {g} has {type(text).__name__}")
+            out[g] = text if isinstance(text, str) else [dict(m) for m in text]
+        else:
+            out[g] = add_hint(x.raw_prompts[g], template + str(text))
+    return out
+
+
+HINTS.register(Part(
+    "guide", guide, paper="Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models (Guide; Nath et "
+                          "al.), arXiv:2506.13923", methods=(263,), verified="hand values (the authors' code's rules)",
+    tests="tests/training/test_hints.py", flags=(("context", "plain"),),
+    note="the authors' code (vaskar-open-source-research/guide_rl @2f27715): groups with 0 of G correct re-rolled once "
+         "from the hinted prompt (a data column, default 'hint'), trained after the plain prompt with the hinted "
+         "context's old log-probs; use with recipe.loss=guide (the reshaped, unclipped ratio r/(r + gamma)) and "
+         "recipe.group_filter=dynamic_sampling (the code keeps groups with 0 < accuracy < 1, hinted or not); the "
+         "code's truncation of re-rolled prompts to a multiple of the world size is not reproduced"))

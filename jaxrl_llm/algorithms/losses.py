@@ -37,9 +37,12 @@ SURROGATES = new_registry("policy loss", "recipe.loss",
 #: with their shapes for ``N`` rows of ``T`` target-aligned positions: ``scores [N]`` the shaped
 #: sequence rewards, ``group_ids [N]`` the prompt of each row (dense in the mini-batch, whose groups
 #: are whole when a surrogate reads them), ``old_entropy [N, T]`` the sampling policy's token entropy
-#: (a provider: :mod:`jaxrl_llm.training.providers`)
+#: (a provider: :mod:`jaxrl_llm.training.providers`), ``hinted [N]`` the rows
+#: a plain-context hint part re-sampled (the loop marks them)
 LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lambda n, t: ((n,), "int32"),
                      "old_entropy": lambda n, t: ((n, t), "float32"),
+                     # 1 on the rows sampled with a hint and trained after the plain prompt (Guide)
+                     "hinted": lambda n, t: ((n,), "float32"),
                      # each reward function's score (the config-time trial assumes up to 8 functions)
                      "component_scores": lambda n, t: ((n, 8), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
@@ -60,6 +63,13 @@ for _part in (
     Part("gppo", core.gppo_loss, paper="Klear-Reasoner / GPPO (Su et al.), arXiv:2508.07629", core=("gppo_loss",),
          methods=(74,), verified="paper identity, hand values", tests="tests/core/test_policy_losses.py",
          note="the paper's objective has no dual clip (dual_clip=None); 3.0 is the authors' code default"),
+    Part("guide", core.guide_loss, paper="Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models "
+                                         "(Guide; Nath et al.), arXiv:2506.13923",
+         core=("guide_loss", "masked_row_quantile"), requires=frozenset({"hinted"}), methods=(263,),
+         verified="hand values (the authors' code's rule and worked example)", tests="tests/core/test_guide_loss.py",
+         note="with recipe.hints=guide: PPO clip on plain rows; on the rows sampled with a hint the ratio between the "
+              "plain and the hinted context, reshaped r/(r + gamma), gamma = its 0.9 percentile over the row's "
+              "tokens (the code: over the micro-batch's hinted positions, padding included), unclipped"),
     Part("gspo", core.gspo_loss, paper="Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071",
          core=("gspo_loss",), defaults=(("clip_low", 3e-4), ("clip_high", 4e-4)), verified="verl, TRL",
          tests=_T_TRL, note="variant='sequence' is GSPO proper, 'token' (default) GSPO-token"),

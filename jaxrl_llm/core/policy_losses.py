@@ -47,6 +47,8 @@ __all__ = [
     "dro_loss",
     "dppo_tv_loss",
     "dppo_kl_loss",
+    "guide_loss",
+    "masked_row_quantile",
     "rollout_is_weights",
     "rollout_rejection_mask",
     "ratio_metrics",
@@ -507,6 +509,99 @@ def dppo_kl_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
     kl = po * (olp - lp) + (1.0 - po) * jnp.log((1.0 - po + 1e-8) / (1.0 - p + 1e-8))
     valid = jnp.where(adv > 0, (kl <= clip_high) | (p <= po), (kl <= clip_low) | (p >= po))
     return _dppo(lp, olp, adv, m, valid, clip_ratio_c, is_weights)
+
+
+def masked_row_quantile(values, mask, q: float):
+    """Per row of ``values [B, T]``, the ``q``-quantile of the entries under ``mask`` with
+    linear interpolation between order statistics (``numpy.quantile``'s and
+    ``torch.quantile``'s default); ``1.0`` for a row with no entry. No gradient."""
+    _checks.check_token_args(values=values, mask=mask)
+    if not 0.0 <= float(q) <= 1.0:
+        raise ValueError(f"argument 'q' must be in [0, 1], got {q!r}")
+    m = _checks.as_mask(mask) > 0
+    v = sg(_checks.as_float(values))
+    srt = jnp.sort(jnp.where(m, v, jnp.inf), axis=-1)  # the row's entries first, in order
+    n = jnp.sum(m, axis=-1)
+    pos = float(q) * jnp.maximum(n - 1, 0).astype(v.dtype)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    v_lo = jnp.take_along_axis(srt, lo[:, None], axis=-1)[:, 0]
+    v_hi = jnp.take_along_axis(srt, hi[:, None], axis=-1)[:, 0]
+    out = v_lo + (pos - lo.astype(v.dtype)) * (v_hi - v_lo)
+    return jnp.where(n > 0, out, 1.0)
+
+
+def guide_loss(logp, old_logp, advantages, mask, hinted, *, clip_low: float = 0.2,
+               clip_high: float | None = None, dual_clip: float | None = None,
+               gamma_strategy: str = "percentile", gamma: float = 0.9, is_weights=None):
+    """Guide-GRPO's loss: PPO's clipped surrogate on the plain rows, an unclipped, reshaped
+    importance ratio on the rows sampled with a hint.
+
+    A hinted row was sampled from ``pi_old(o | q, h)`` (the prompt with guidance) and is trained
+    in the plain context ``pi_theta(o | q)``: its ``old_logp`` are the sampler's log-probs in the
+    hinted context, so ``r = pi_theta(o_t | q, o_<t) / pi_old(o_t | q, h, o_<t)`` is an
+    importance ratio between the two contexts. Guide reshapes it as ``r / (r + gamma)`` and does
+    not clip it: ``L = -A r / (r + gamma)`` (gradient ``-A gamma r / (r + gamma)^2 grad logp``,
+    bounded for any ``r``). ``gamma_strategy``:
+
+    * ``"percentile"`` (the paper's runs): ``gamma = max(quantile_gamma(r), 1e-4)``, no gradient,
+      over the row's own response tokens (``gamma`` is the quantile level, 0.9);
+    * ``"constant"``: ``gamma`` itself;
+    * ``"power"``: ``r ** gamma`` instead of ``r / (r + gamma)``.
+
+    Paper: Nath et al., "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning
+    Models" (Guide), arXiv:2506.13923. The rules are the authors' code's
+    (``vaskar-open-source-research/guide_rl`` @2f27715, ``core_algos.compute_policy_loss``):
+    symmetric clip 0.2, no dual clip, the 0.9 percentile. One deliberate difference: the code
+    takes the percentile over every position of the hinted rows of a micro-batch, padding
+    included (its paper runs use micro-batches of one sequence); here it is the row's masked
+    response tokens, which is the same row-by-row scope without the padding and does not depend
+    on how a batch is split into micro-batches.
+
+    Args:
+      logp, old_logp, advantages, mask: ``[B, T]``.
+      hinted: ``[B]``, nonzero on the rows sampled with a hint.
+      clip_low / clip_high / dual_clip: PPO's clip on the plain rows (:func:`ppo_clip_loss`).
+
+    Returns:
+      ``(loss [B, T], metrics)``: the common metrics (the clip fractions count plain tokens;
+      the ratio statistics are of the raw ratio ``r``), ``hinted_frac`` (of the tokens),
+      ``hinted_gamma_mean`` and ``hinted_shaped_ratio_mean`` over the hinted tokens.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    if gamma_strategy not in ("percentile", "constant", "power"):
+        raise ValueError(f"argument 'gamma_strategy' must be 'percentile', 'constant' or 'power', got "
+                         f"{gamma_strategy!r}")
+    if gamma_strategy == "percentile" and not 0.0 <= float(gamma) <= 1.0:
+        raise ValueError(f"argument 'gamma' is the percentile's level with gamma_strategy='percentile': it must be "
+                         f"in [0, 1], got {gamma!r}")
+    if gamma_strategy == "constant" and not float(gamma) > 0.0:
+        raise ValueError(f"argument 'gamma' must be > 0 with gamma_strategy='constant', got {gamma!r}")
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    hinted = jnp.asarray(hinted)
+    if hinted.ndim != 1 or hinted.shape[0] != lp.shape[0]:
+        raise ValueError(f"argument 'hinted' must have shape [{lp.shape[0]}] (one flag per row), got {hinted.shape}")
+    h = (hinted != 0)[:, None]
+    ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    if gamma_strategy == "power":
+        g = jnp.full(lp.shape[:1], float(gamma), lp.dtype)
+        shaped = ratio ** float(gamma)
+    else:
+        g = (jnp.maximum(masked_row_quantile(ratio, m, gamma), 1e-4) if gamma_strategy == "percentile"
+             else jnp.full(lp.shape[:1], float(gamma), lp.dtype))
+        shaped = ratio / (ratio + sg(g)[:, None])
+    plain_m = m * (~h).astype(m.dtype)
+    hint_m = m * h.astype(m.dtype)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    plain_loss, met = _clipped_surrogate(ratio, clipped, adv, plain_m, clip_low, clip_high, dual_clip)
+    loss = jnp.where(h, -adv * shaped, plain_loss)
+    met.update(ratio_metrics(lp - olp, m))
+    hm = jnp.sum(hint_m)
+    met["hinted_frac"] = safe_divide(hm, jnp.sum(m))
+    met["hinted_gamma_mean"] = jnp.where(hm > 0, masked_mean(jnp.broadcast_to(sg(g)[:, None], lp.shape), hint_m), 0.0)
+    met["hinted_shaped_ratio_mean"] = jnp.where(hm > 0, masked_mean(sg(shaped), hint_m), 0.0)
+    return _finish(loss, m, is_weights), met
 
 
 def rollout_is_weights(logp, rollout_logp, mask, *, level: str = "token", upper: float = 2.0,

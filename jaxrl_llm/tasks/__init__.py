@@ -9,7 +9,7 @@ a verifier (:meth:`~jaxrl_llm.tasks.base.Task.score`, and the TRL-style
 - :class:`Arithmetic`: ``What is 37 + 5?``; presets ``add1``, ``sub``, ``mul``, ``div``,
   ``add2x1``, ``add2``, ``add3``, ``mixed1``.
 - :class:`ArithmeticMix`: several arithmetic presets mixed, each row labelled with its ``level``
-  (presets ``add_levels``, ``four_ops``): known, varying difficulty for curricula.
+  (presets ``add_levels``, ``four_ops``, ``add_three``): known, varying difficulty for curricula.
 - :class:`ReasoningGym` (``reasoning_gym``): families of the reasoning-gym package with their
   verifiers and difficulty settings, each row labelled with its family (optional extra ``tasks``).
 - :class:`Countdown`: reach a target with the given numbers and ``+ - * /``;

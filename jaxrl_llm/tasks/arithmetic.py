@@ -330,6 +330,7 @@ class ArithmeticMix(Task):
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "add_levels": dict(levels=("add1", "add2x1", "add2", "add3")),
         "four_ops": dict(levels=("add1", "sub", "mul", "div")),
+        "add_three": dict(levels=("add1", "add2x1", "add2")),
     }
 
     def __post_init__(self) -> None:

@@ -60,7 +60,7 @@ from jaxrl_llm.algorithms.estimators import AGENT_KINDS, PROVIDED_INPUTS
 from jaxrl_llm.core.policy_losses import ratio_metrics as core_ratio_metrics
 from jaxrl_llm.algorithms.sampling import ShapingInputs, metric_values
 from jaxrl_llm.algorithms.allocation import AllocateInputs, check_allocation, history_window
-from jaxrl_llm.algorithms.hints import HintInputs
+from jaxrl_llm.algorithms.hints import HintInputs, trains_in_plain_context
 from jaxrl_llm.algorithms.replay import ReplayInputs, apply_replacements, entry_of
 from jaxrl_llm.algorithms.selection import SPO_SLOT, SelectInputs, check_selection
 from jaxrl_llm.data.pipeline import PromptBatch
@@ -177,6 +177,9 @@ class _Round:
     train_out: Any = None
     #: with hints: the batch trained on (hinted groups' prompts)
     train_batch: Any = None
+    #: with a plain-context hint part (Guide): the groups sampled with a hint, trained after the
+    #: plain prompt against the hinted context's log-probs
+    hinted: frozenset = frozenset()
 
     @property
     def t_batch(self):
@@ -534,11 +537,11 @@ class RLTrainer(HostLoop):
             out = self.score(batch.prompts, batch.columns, roll)
             roll, out, cut = self.truncate(batch, roll, out)
             keys = prompt_keys(batch.where, batch.columns)
-            t_batch, t_roll, t_out = self.hint(batch, roll, out, params, self.round_key(k_roll, r))
+            t_batch, t_roll, t_out, hinted = self.hint(batch, roll, out, params, self.round_key(k_roll, r))
             t_roll, t_out = self.replay(t_roll, t_out, keys, r)
             rounds.append(_Round(batch, roll, out, self.shape(t_out, t_roll, t_batch.prompts, keys), cut, keys,
                                  None if t_roll is roll else t_roll, None if t_out is out else t_out,
-                                 None if t_batch is batch else t_batch))
+                                 None if t_batch is batch else t_batch, hinted))
             keep = gf.keep(gf.values(t_out.total, t_out.per_fn), np.asarray(roll.prompt_index), len(batch))
             kept += [(r, i) for i in np.flatnonzero(keep)]
             dropped += [(r, i) for i in np.flatnonzero(~keep)]
@@ -663,12 +666,14 @@ class RLTrainer(HostLoop):
         return _subset(batch, idx)
 
     def hint(self, batch, roll, out, params, key: jax.Array):
-        """The recipe's hints on one scored round: ``(batch, rollout, rewards)`` to train on, the
-        groups the part picks sampled again with hinted prompts (stage after stage) by the
-        round's policy ``params``."""
+        """The recipe's hints on one scored round: ``(batch, rollout, rewards, hinted groups)`` to
+        train on, the groups the part picks sampled again with hinted prompts (stage after stage)
+        by the round's policy ``params``. A plain-context part's hinted groups keep their plain
+        prompts in the batch (the responses and their hinted-context log-probs change)."""
         part = self.recipe.hints
         if part is None:
-            return batch, roll, out
+            return batch, roll, out, frozenset()
+        plain = trains_in_plain_context(part)
         g = self.recipe.num_samples
         raw = tuple(batch.raw_prompts)
         ids, texts = list(batch.prompt_ids), list(batch.prompts)
@@ -702,16 +707,20 @@ class RLTrainer(HostLoop):
             out = RewardOutput(_put_rows(out.total, rows, sub_out.total),
                                {k: _put_rows(v, rows, sub_out.per_fn[k]) for k, v in out.per_fn.items()},
                                {k: _put_rows(v, rows, sub_out.failed[k]) for k, v in out.failed.items()}, out.metrics)
-            for k in groups:
-                ids[k], texts[k] = todo[k]
+            if not plain:
+                for k in groups:
+                    ids[k], texts[k] = todo[k]
             hinted |= set(groups)
             self._hint_metrics[f"hints/stage{stage}_groups"] = (self._hint_metrics.get(f"hints/stage{stage}_groups", 0.0)
                                                                  + len(groups))
         self._hint_metrics["hints/groups"] = self._hint_metrics.get("hints/groups", 0.0) + len(hinted)
         self._hint_metrics["hints/too_long"] = self._hint_metrics.get("hints/too_long", 0.0) + too_long
         if not hinted:
-            return batch, roll, out
-        return PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where)), roll, out
+            return batch, roll, out, frozenset()
+        if plain:
+            return batch, roll, out, frozenset(hinted)
+        return (PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where)), roll, out,
+                frozenset(hinted))
 
     def replay(self, roll, out, keys: list, round_index: int):
         """The recipe's replay on one scored round: ``(rollout, rewards)`` to train on (the
@@ -773,6 +782,10 @@ class RLTrainer(HostLoop):
             {k: cat(lambda x, k=k: x.t_out.per_fn[k]) for k in rounds[0].out.per_fn}, key=key,
             keys=[rounds[r].keys[i] for r, i in groups], totals=cat(lambda x: x.t_out.total))
         arrays["loss_mask"] = to_target_aligned(step.completion_mask, prompt_len)
+        if "hinted" in rec.objective.loss_inputs:  # rows a plain-context hint part re-sampled (Guide)
+            step.inputs["hinted"] = np.concatenate([np.full(len(ix), i in rounds[r].hinted, np.float32)
+                                                    for (r, i), ix in zip(groups, rows)])
+            step.metrics["hints/hinted_rows_frac"] = float(step.inputs["hinted"][valid].mean()) if valid.any() else 0.0
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness:
                 arrays["rollout_logp"] = arrays["old_logp"]

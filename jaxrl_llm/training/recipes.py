@@ -31,7 +31,7 @@ from jaxrl_llm.algorithms import (AGGREGATIONS, BATCH_FILTERS, CLUSTERERS, ESTIM
                                   KL_CONTROLLERS, KL_ESTIMATORS, PROVIDED_INPUTS, REJECTIONS, SHAPING, SURROGATES,
                                   TRUNCATIONS, Bound, EstimatorInputs, GroupFilter, RegistryError)
 from jaxrl_llm.algorithms.allocation import ALLOCATORS
-from jaxrl_llm.algorithms.hints import HINTS
+from jaxrl_llm.algorithms.hints import HINTS, trains_in_plain_context
 from jaxrl_llm.algorithms.replay import REPLAYS
 from jaxrl_llm.algorithms.selection import SELECTORS
 from jaxrl_llm.algorithms.losses import LOSS_INPUT_SHAPES
@@ -312,6 +312,14 @@ PRESETS: dict[str, Preset] = {
                         "seq-mean-token-mean", truncation=Choice("dot"), group_filter=Choice("dynamic_sampling")), 32,
                   "Anti-Length Shift: Dynamic Outlier Truncation for Training Efficient Reasoning Models (DOT), "
                   "arXiv:2601.03969", "32 samples per prompt: the 3-sigma cut needs 11 or more"),
+    # Guide (the authors' paper script): all-fail groups re-rolled with the hint, trained after the
+    # plain prompt with the reshaped ratio; groups kept only with mixed outcomes (hinted or not)
+    "guide": Preset(_spec("guide", "grpo", Choice("guide"), "seq-mean-token-mean", hints=Choice("guide"),
+                          group_filter=Choice("dynamic_sampling")), 8,
+                    "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models (Guide; Nath et al.), "
+                    "arXiv:2506.13923",
+                    "the hint is a data column (recipe.hints.column, default 'hint': the whole hinted prompt; "
+                    "recipe.hints.replace=false appends it to the prompt); the trainer needs a prompt encoder"),
     "p3o": Preset(_spec("p3o", "grpo", Choice("p3o"), "token-mean"), 2,
                   "Pairwise Proximal Policy Optimization (Wu et al.), arXiv:2310.00212",
                   "two responses per prompt; the KL control of the paper: recipe.kl.coef"),
@@ -473,6 +481,14 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     _need(hints is None or (replay is None and allocator is None),
           f"recipe.hints={hints.name if hints else ''} re-samples whole groups of num_samples rows; it cannot be "
           f"combined with recipe.replay or recipe.allocator")
+    _need(not trains_in_plain_context(hints) or s.old_logp != "recompute",
+          f"recipe.hints={hints.name if hints else ''} trains responses sampled with a hint after the plain prompt, "
+          f"against the sampler's log-probs in the hinted context (the importance ratio between the contexts): "
+          f"recipe.old_logp=recompute would replace them with the plain context's (leave recipe.old_logp unset)")
+    _need("hinted" not in loss.part.requires or trains_in_plain_context(hints),
+          f"recipe.loss={loss.name} reshapes the ratio of rows sampled with a hint and trained after the plain "
+          f"prompt: set recipe.hints to a part that does that "
+          f"({', '.join(n for n, p in HINTS.items() if p.flag('context') == 'plain')})")
     _need(replay is None or s.old_logp == "recompute",
           f"recipe.replay={replay.name if replay else ''} trains on stored responses of earlier policies: set "
           f"recipe.old_logp=recompute (the ratio's old policy is then the current one for every row; the stored "

@@ -100,3 +100,67 @@ def test_hints_need_an_encoder_and_exclude_replay():
         make("grpo", g=4, hints="ghpo")
     with pytest.raises(RegistryError, match="cannot be combined"):
         make("grpo", g=4, hints="ghpo", replay="arpo", old_logp="recompute", encoder=encode)
+
+
+guide = HINTS["guide"].fn
+
+
+def test_guide_rules_by_hand():
+    raws = ["q0", "q1", "q2"]
+    cols = {"hint": ["H0", "H1", ""], "solution": ["s0", "s1", "s2"]}
+    vals, gid = [0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 2, 2]
+
+    def x(values=vals, stage=0, step=0, c=cols):
+        return HintInputs(np.asarray(values, float), np.asarray(gid), c, tuple(raws), frozenset(), stage, step)
+
+    # groups with 0 of G correct (mean <= threshold 0): group 0; group 2 fails too but has no hint
+    assert guide(x()) == {0: "H0"}
+    assert guide(x(), threshold=0.5) == {0: "H0", 1: "H1"}  # group 1: mean 0.5
+    assert guide(x(), column="solution", replace=False, template="|") == {0: "q0|s0", 2: "q2|s2"}
+    assert guide(x(stage=1)) == {}  # one re-roll
+    assert guide(x(step=2), start_step=3) == {}
+    with pytest.raises(ValueError, match="data column 'hints'"):
+        guide(x(), column="hints")
+
+
+def test_guide_in_the_loop_trains_hinted_responses_after_the_plain_prompt():
+    kw = dict(g=4, prompts_per_step=2, reward=first_is_target, encoder=encode, buckets=(16,), loss="guide",
+              hints={"name": "guide", "column": "solution", "replace": False, "template": " "})
+    tr = make("grpo", data=HintData(), **kw)
+    fresh = make("grpo", data=HintData(), **kw)  # the initial policy
+    m = tr.step()
+    b = tr.last_batch
+    assert m["hints/groups"] >= 1
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    hinted_rows = b["hinted"] > 0
+    assert hinted_rows.any() and not hinted_rows.all()
+    assert m["hints/hinted_rows_frac"] == pytest.approx(hinted_rows.mean())
+    lm = b["loss_mask"]
+    plain_lp = np.asarray(fresh.logp(fresh.state.params, fresh.frozen, b["tokens"], b["mask"]))
+    for gi, key in enumerate(tr._last_keys):
+        rows = np.flatnonzero(b["group_ids"] == gi)
+        q = HintData().rows[int(key.split(":")[1])]
+        prompt = b["tokens"][rows[0], :p][b["mask"][rows[0], :p]].tolist()
+        assert prompt == encode(q[0])[0]  # every row trains after the plain prompt
+        if not hinted_rows[rows[0]]:
+            np.testing.assert_allclose(b["old_logp"][rows][lm[rows]], plain_lp[rows][lm[rows]], atol=2e-5)
+            continue
+        assert hinted_rows[rows].all()
+        # the old log-probs are the sampler's in the hinted context: teacher-forced there, not here
+        hp = encode(q[0] + " " + q[1])[0]
+        comp = b["tokens"][rows, p:]
+        cm = b["completion_mask"][rows]
+        pad = 16 - len(hp)
+        toks = np.concatenate([np.zeros((len(rows), pad), np.int32), np.tile(hp, (len(rows), 1)), comp], axis=1)
+        mask = np.concatenate([np.zeros((len(rows), pad), bool), np.ones((len(rows), len(hp)), bool), cm], axis=1)
+        hinted_lp = np.asarray(fresh.logp(fresh.state.params, fresh.frozen, toks, mask))[:, 15:]
+        np.testing.assert_allclose(b["old_logp"][rows][:, p - 1:][cm], hinted_lp[cm], atol=2e-5)
+        assert np.abs(b["old_logp"][rows][lm[rows]] - plain_lp[rows][lm[rows]]).max() > 1e-3
+    assert "policy/hinted_gamma_mean" in m
+
+
+def test_guide_needs_its_hint_part_and_the_samplers_logprobs():
+    with pytest.raises(RegistryError, match="recipe.loss=guide reshapes"):
+        make("grpo", g=4, loss="guide")
+    with pytest.raises(RegistryError, match="recipe.old_logp=recompute would replace"):
+        make("grpo", g=4, hints="guide", old_logp="recompute", encoder=encode)

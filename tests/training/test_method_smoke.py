@@ -22,6 +22,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
                                               "thinking_metric": "target_frac"},
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
             ("recipe.selector", "sec"): {"column": "const"},
+            ("recipe.hints", "guide"): {"column": "solution", "replace": False},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
 
 
@@ -79,10 +80,12 @@ def _rl(r):
         kw["g"] = 2
     if field == "replay":
         kw["old_logp"] = "recompute"
-    if field == "hints":
+    if field == "hints" or (field == "loss" and r["name"] == "guide"):
         from test_hints import HintData, encode
 
         kw.update(data=HintData(4), encoder=encode, buckets=(16,))
+        if field == "loss":  # Guide's loss reads the rows its hint part re-sampled
+            kw["hints"] = {"name": "guide", **REQUIRED[("recipe.hints", "guide")]}
     if field == "selector":
         kw["candidates"] = 2
         kw["pcl"] = r["name"] == "pcl"
