@@ -229,6 +229,17 @@ def dot(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, 
                                                   min_cut=min_cut, success=success))
 
 
+def siri(x: ShapingInputs, *, low: int, high: int, compress_steps: int, expand_steps: int, shape: str = "cosine",
+         block: int = 1) -> np.ndarray:
+    """SIRI's interleaved length cap (:func:`jaxrl_llm.core.interleaved_length_cap`) at the
+    step the responses were sampled: every response is cut at the cap and scored again, as if
+    generation had stopped there (the tokens up to the cap have the same distribution; a cut
+    response loses what came after, its final answer included)."""
+    cap = core.interleaved_length_cap(int(x.step), low=low, high=high, compress_steps=compress_steps,
+                                      expand_steps=expand_steps, shape=shape, block=block)
+    return np.minimum(np.asarray(x.lengths), cap)
+
+
 TRUNCATIONS.register(Part("none", _no_truncation, note="responses are trained on as sampled"))
 TRUNCATIONS.register(Part(
     "dot", dot, paper="Anti-Length Shift: Dynamic Outlier Truncation for Training Efficient Reasoning Models (DOT), "
@@ -237,3 +248,13 @@ TRUNCATIONS.register(Part(
     tests="tests/core/test_reward_shaping.py, tests/training/test_paper_losses.py",
     note="in all-correct groups, responses beyond mean + 3 std of the group's lengths are cut there and scored "
          "again (before group filters); the dot preset adds the paper's KL-Cov loss"))
+TRUNCATIONS.register(Part(
+    "siri", siri, paper="SIRI: Scaling Iterative Reinforcement Learning with Interleaved Compression (Wen et al.), "
+                        "arXiv:2509.25176",
+    core=("interleaved_length_cap",), methods=(174,), tests="tests/core/test_reward_shaping.py, "
+                                                             "tests/training/test_paper_losses.py",
+    verified="hand values (our construction: the paper's formulas and numbers could not be read)",
+    note="the maximum rollout length oscillates between compression (towards low) and expansion (high) phases; the "
+         "sampler decodes up to rollout.max_new_tokens (set it to high) and responses are cut at the step's cap and "
+         "scored again, which has the distribution of generation stopped at the cap (the decode past the cap is not "
+         "saved); low, high and the phase lengths have no defaults (not verifiable)"))

@@ -37,6 +37,7 @@ __all__ = [
     "hapo_history_reward",
     "hapo_history_update",
     "stage_schedule",
+    "interleaved_length_cap",
 ]
 
 sg = jax.lax.stop_gradient
@@ -520,6 +521,55 @@ def stage_schedule(step: int, values, every: int):
     if step < 0:
         raise ValueError(f"stage_schedule: step must be >= 0, got {step}")
     return values[min(int(step) // every, len(values) - 1)]
+
+
+def interleaved_length_cap(step: int, *, low: int, high: int, compress_steps: int, expand_steps: int,
+                           shape: str = "cosine", block: int = 1) -> int:
+    """SIRI's generation cap at training ``step`` (0-based): training alternates compression
+    phases (the cap lowered towards ``low``) and expansion phases (back to ``high``), period
+    ``P = compress_steps + expand_steps``, phase position ``tau = step mod P``.
+
+    * ``"stair"``: ``low`` for ``tau < compress_steps``, else ``high``;
+    * ``"cosine"``: one cosine period, ``low + (high - low) (1 + cos(2 pi tau / P)) / 2``: from
+      ``high`` at ``tau = 0`` down to ``low`` at mid-period and back;
+    * ``"stair_cosine"``: a half cosine from ``high`` to ``low`` over the compression phase,
+      ``low + (high - low) (1 + cos(pi tau / compress_steps)) / 2``, then ``high``.
+
+    The cap is rounded down to a multiple of ``block`` (at least ``block``), so a run sees few
+    distinct caps.
+
+    Paper: Wen et al., "SIRI: Scaling Iterative Reinforcement Learning with Interleaved
+    Compression", arXiv:2509.25176. What is verified: the alternation of compression and
+    expansion by the maximum rollout length, the cosine length scheduler named on the authors'
+    model cards, and stair / cosine / stair-cosine compared in the paper (a review). The
+    formulas above, where the cosine starts, and every number are our construction (the method
+    section could not be read; no code was released): no defaults, the caller sets them.
+    """
+    for name, v in (("low", low), ("high", high), ("block", block)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"interleaved_length_cap: {name} must be an int >= 1, got {v!r}")
+    if low > high:
+        raise ValueError(f"interleaved_length_cap: low ({low}) must be <= high ({high})")
+    for name, v in (("compress_steps", compress_steps), ("expand_steps", expand_steps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"interleaved_length_cap: {name} must be an int >= 0, got {v!r}")
+    period = compress_steps + expand_steps
+    if period < 1:
+        raise ValueError("interleaved_length_cap: compress_steps + expand_steps must be >= 1")
+    if step < 0:
+        raise ValueError(f"interleaved_length_cap: step must be >= 0, got {step}")
+    tau = int(step) % period
+    if shape == "stair":
+        cap = float(low if tau < compress_steps else high)
+    elif shape == "cosine":
+        cap = low + (high - low) * (1.0 + math.cos(2.0 * math.pi * tau / period)) / 2.0
+    elif shape == "stair_cosine":
+        cap = (low + (high - low) * (1.0 + math.cos(math.pi * tau / compress_steps)) / 2.0
+               if tau < compress_steps else float(high))
+    else:
+        raise ValueError(f"interleaved_length_cap: shape must be 'stair', 'cosine' or 'stair_cosine', got {shape!r}")
+    cap = int(math.floor(cap + 1e-9))
+    return max(block, cap // block * block)
 
 
 def hapo_history_reward(correct: jnp.ndarray, lengths: jnp.ndarray, history: jnp.ndarray, *,

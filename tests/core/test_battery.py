@@ -317,6 +317,8 @@ EXEMPT = {
     "dense_group_ids": "host-side helper over Python uids (not an array function); tested in test_shaping_stats",
     "curriculum_budget": "host-side schedule of a Python step (not an array function); tested in test_reward_shaping",
     "stage_schedule": "host-side schedule of a Python step (not an array function); tested in test_schedules",
+    "interleaved_length_cap": "host-side schedule of a Python step (not an array function); tested in "
+                              "test_reward_shaping",
     **{n: "host-side integer program (NumPy, the shapes of the next rollout); tested in test_allocation"
        for n in ("knapsack_value", "knapsack_solve", "knapsack_allocate", "gvm_sample_ratios", "round_preserving_sum")},
 }

@@ -180,3 +180,22 @@ def test_hapo_history_reward_and_update():
     close(C.hapo_history_update(np.array([0.0]), np.array([0, 1], bool), np.array([2, 6]), np.array([0, 0]), 1), [6])
     with pytest.raises(ValueError, match="mode must be"):
         C.hapo_history_reward(correct, L, np.full(4, 4.0), mode="exp")
+
+
+def test_interleaved_length_cap_by_hand():
+    cap = C.interleaved_length_cap
+    kw = dict(low=1000, high=3000, compress_steps=3, expand_steps=1)
+    # stair: low over the compression steps, then high; periodic
+    assert [cap(s, shape="stair", **kw) for s in range(9)] == [1000, 1000, 1000, 3000] * 2 + [1000]
+    # cosine over the period P = 4: high, mid, low, mid
+    assert [cap(s, **kw) for s in range(5)] == [3000, 2000, 1000, 2000, 3000]
+    # stair-cosine: a half cosine over the 3 compression steps (3000, 2500, 1500), then high
+    assert [cap(s, shape="stair_cosine", **kw) for s in range(4)] == [3000, 2500, 1500, 3000]
+    # rounded down to the block, at least one block
+    assert cap(1, block=512, **kw) == 1536 and cap(2, low=10, high=3000, compress_steps=3, expand_steps=1,
+                                                      block=512) == 512
+    assert [cap(s, low=7, high=7, compress_steps=0, expand_steps=5) for s in range(3)] == [7, 7, 7]
+    for bad, msg in [(dict(low=0), "low must be an int >= 1"), (dict(low=4000), "must be <= high"),
+                     (dict(compress_steps=0, expand_steps=0), "must be >= 1"), (dict(shape="step"), "shape must be")]:
+        with pytest.raises(ValueError, match=msg):
+            cap(0, **{**kw, **bad})

@@ -23,6 +23,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
+            ("recipe.truncation", "siri"): {"low": 2, "high": 6, "compress_steps": 1, "expand_steps": 1},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
 
 

@@ -242,3 +242,22 @@ def test_dot_truncation_cuts_outliers_and_scores_them_again():
     assert cut > 0  # the loose threshold did cut some responses
     with pytest.raises(Exception, match="recipe.truncation: unknown rollout truncation 'cut'"):
         recipe("grpo", num_samples=4, truncation="cut")
+
+
+def test_siri_cuts_every_response_at_the_steps_cap_and_scores_it_again():
+    """SIRI's stair schedule with one compression and one expansion step: at step 0 every
+    response is cut at 2 tokens and its reward (its length) computed on the cut response; at step
+    1 the cap is the sampler's budget and nothing is cut."""
+    from test_rl_recipes_extra import T
+
+    tr = make("grpo", g=4, reward=[length_frac], truncation={
+        "name": "siri", "low": 2, "high": T, "compress_steps": 1, "expand_steps": 1, "shape": "stair"})
+    for step in range(2):
+        m = tr.step()
+        b = tr.last_batch
+        lens = b["completion_mask"].sum(1)
+        if step == 0:
+            assert lens.max() == 2 and m["truncation/responses"] == len(lens)  # the toy never stops early
+        else:
+            assert lens.max() == T and m["truncation/responses"] == 0
+        np.testing.assert_allclose(b["scores"], lens / 6, atol=1e-6)
