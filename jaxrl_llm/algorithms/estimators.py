@@ -37,6 +37,9 @@ and, only when it lists them in ``requires``:
   function that does not apply to a row counts 0);
 * ``truncated [N]`` float32: 1 where the response was cut by the length budget (no stop token),
   0 where it finished;
+* ``tree_prefix_ids [N, D + 1]`` int32: with TreePO's tree sampler (``rollout.tree_segment``),
+  the dense id of the subtree holding each row's first ``d`` segments (column 0: the prompt),
+  ``-1`` past the row's depth;
 * ``answer_ids [N]`` int32: the answer cluster of each row (the recipe's clusterer over the
   decoded completions, :mod:`jaxrl_llm.algorithms.answers`), in ``[0, N)``, equal only for rows
   of one prompt with equivalent answers;
@@ -106,6 +109,9 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "answer_ids": "sequence_int",
                                    # 1 where the response did not finish (cut by the length budget), [N]
                                    "truncated": "sequence",
+                                   # TreePO: the dense id of each row's depth-d subtree, [N, D + 1] int
+                                   # (column 0 the prompt, -1 past the row's depth; tree rollouts only)
+                                   "tree_prefix_ids": "tree_index",
                                    # multi-turn episodes (the agent loop only): [N, K] per policy turn,
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",

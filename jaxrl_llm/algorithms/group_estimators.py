@@ -266,3 +266,19 @@ def single_stream_po(x, *, epsilon: float = 1e-8, forgetting: str = "kl", rho: f
         raise ValueError(f"recipe.advantage=single_stream_po: rho must be in (0, 1], got {rho}")
     return Advantages(core.single_stream_advantages(x["scores"], x["spo_value"], x["mask"], x.get("valid"),
                                                     epsilon=epsilon))
+
+
+@register_estimator("treepo", paper="TreePO: Bridging the Gap of Policy Optimization and Efficacy and Inference "
+                                    "Efficiency with Heuristic Tree-based Modeling (Li et al.), arXiv:2508.17445",
+                    core=("treepo_advantages",), requires=("tree_prefix_ids",), group_relative=True, methods=(58,),
+                    tests="tests/core/test_treepo.py, tests/training/test_tree_rollout.py",
+                    verified="hand values (the authors' code's worked example), identities (no branching: "
+                             "REINFORCE++-baseline)",
+                    note="with the tree sampler (rollout.tree_segment, rollout.tree_branch): each leaf's reward "
+                         "against the mean of every subtree it belongs to (one-leaf subtrees below the root skipped), "
+                         "averaged (combine=average, the paper's runs; group_size weighs by subtree size), whitened "
+                         "over the batch's tokens")
+def treepo(x, *, combine: str = "average") -> Advantages:
+    """TreePO's tree advantage (:func:`jaxrl_llm.core.treepo_advantages`)."""
+    return Advantages(core.treepo_advantages(x["scores"], x["tree_prefix_ids"], x["mask"], valid=x.get("valid"),
+                                             combine=combine))

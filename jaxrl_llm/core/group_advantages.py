@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks
 from jaxrl_llm.core.advantages import _broadcast, _prep_outcome, grpo_advantages
-from jaxrl_llm.core.stats import group_stats, group_sum, safe_divide
+from jaxrl_llm.core.stats import group_stats, group_sum, masked_whiten, safe_divide
 
 __all__ = [
     "agrae_advantages",
@@ -40,6 +40,7 @@ __all__ = [
     "aspo_advantages",
     "max_variance_subset",
     "d3s_mask",
+    "treepo_advantages",
 ]
 
 
@@ -889,3 +890,56 @@ def d3s_mask(advantages: jnp.ndarray, entropy: jnp.ndarray, mask: jnp.ndarray, g
     rank = jnp.zeros(b * t, jnp.int32).at[order].set(jnp.arange(b * t, dtype=jnp.int32))
     keep = (rank < keep_n) & (mm.reshape(-1) > 0)
     return jax.lax.stop_gradient(keep.reshape(b, t).astype(jnp.float32))
+
+
+def treepo_advantages(scores, prefix_ids, mask, *, valid=None, combine: str = "average") -> jnp.ndarray:
+    """TreePO's tree advantage: each leaf's reward against the mean of every subtree it belongs
+    to, averaged over those subtrees, then whitened over the batch's tokens.
+
+    A leaf (response) of a segment tree shares its first ``d`` segments with the leaves of one
+    subtree ``G_d(i)``; ``G_0`` is the prompt's group. With ``mu_g`` the mean reward of ``g``
+    (0 for a one-leaf group), the terms ``s_i - mu_{G_d(i)}`` count for ``d = 0`` and for every
+    ``d >= 1`` whose subtree holds more than one leaf. ``combine="average"`` (the paper's runs)
+    is their mean; ``"group_size"`` weighs each by ``|G_d(i)|``. The per-leaf value is broadcast
+    over the response and whitened over all valid tokens of the batch (REINFORCE++-baseline's
+    ``masked_whiten``: unbiased variance, eps 1e-8), so no group is divided by its own std. A
+    node with one child repeats its subtree, whose term then counts twice, as in the code.
+
+    Paper: Li et al., "TreePO: Bridging the Gap of Policy Optimization and Efficacy and Inference
+    Efficiency with Heuristic Tree-based Modeling", arXiv:2508.17445; the authors' code
+    (``multimodal-art-projection/TreePO`` @f055523,
+    ``core_algos.compute_tree_reinforce_plus_plus_baseline_outcome_advantage``,
+    ``adv_weight_strategy="average"``). Identities: no branching below the root gives
+    REINFORCE++-baseline; one leaf per prompt gives the whitened raw score.
+
+    Args:
+      scores: ``[B]`` leaf rewards. prefix_ids: ``[B, K]`` int, column ``d`` the dense id (in
+        ``[0, B)``) of the leaf's depth-``d`` subtree, ``-1`` where the leaf is shallower;
+        column 0 is the prompt. mask: ``[B, T]``. valid: optional ``[B]``.
+
+    Returns:
+      ``[B, T]`` float32 advantages, zero outside the mask and on invalid rows.
+    """
+    if combine not in ("average", "group_size"):
+        raise ValueError(f"treepo_advantages: combine must be 'average' or 'group_size', got {combine!r}")
+    ids = jnp.asarray(prefix_ids)
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        raise ValueError(f"treepo_advantages: prefix_ids must be [B, K >= 1], got shape {ids.shape}")
+    b = ids.shape[0]
+    s, m, v = _prep_outcome(scores, mask, jnp.maximum(ids[:, 0], 0), b, valid)
+    num = jnp.zeros_like(s)
+    den = jnp.zeros_like(s)
+    for d in range(ids.shape[1]):
+        present = (ids[:, d] >= 0) & (v > 0)
+        gid = jnp.where(present, ids[:, d], 0)
+        w = present.astype(s.dtype)
+        count = group_sum(w, gid, b)[gid]
+        mu = jnp.where(count > 1, safe_divide(group_sum(s * w, gid, b)[gid], count), 0.0)
+        take = present & ((d == 0) | (count > 1))
+        weight = jnp.where(take, count if combine == "group_size" else 1.0, 0.0)
+        num = num + weight * (s - mu)
+        den = den + weight
+    adv = jnp.where(den > 0, num / jnp.maximum(den, 1e-30), 0.0)
+    tok = _broadcast(adv, m, v)
+    mm = m * v[:, None]
+    return jax.lax.stop_gradient(masked_whiten(tok, mm) * mm)

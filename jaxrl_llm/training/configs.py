@@ -99,7 +99,10 @@ class RolloutSpec:
     devices run the sampler and the rest (``mesh``) the trainer (0: both on the whole mesh);
     ``asynchronous``: with ``sampler_devices`` and ``staleness >= 1``, the next step's rollout is
     sampled on the sampler's devices while this step's update runs (verl's one-step-off-policy
-    structure); the same run as without it, only faster."""
+    structure); the same run as without it, only faster. ``tree_segment``: TreePO's segment-tree
+    sampling (:class:`jaxrl_llm.rollout.TreeSampler`): a prompt's responses share their first
+    segments of that many tokens, the width growing by ``tree_branch`` per segment (``None``:
+    independent samples); the tree's paths feed ``recipe.advantage=treepo``."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -112,6 +115,8 @@ class RolloutSpec:
     staleness: int = 0
     sampler_devices: int = 0
     asynchronous: bool = False
+    tree_segment: int | None = None
+    tree_branch: int = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -306,6 +306,12 @@ class RLTrainer(HostLoop):
                              f"prompt_value=Critic.create(...) (a score-head model; objective ValueObjective(None))")
         if prompt_value is not None and not needs_pv:
             raise ValueError("prompt_value given but the recipe's selector reads no prompt value model")
+        if hasattr(sampler, "segment"):  # TreePO's tree sampler: a prompt's rows are one tree
+            clash = [k for k, part in (("recipe.hints", recipe.hints), ("recipe.replay", recipe.replay),
+                                       ("recipe.allocator", recipe.allocator)) if part is not None]
+            if clash:
+                raise ValueError(f"rollout.tree_segment (a tree of each prompt's responses) cannot be combined with "
+                                 f"{', '.join(clash)}: they replace or re-divide a prompt's responses")
         if recipe.hints is not None and prompt_encoder is None:
             raise ValueError(f"recipe.hints={recipe.hints.name} samples hinted prompts: pass prompt_encoder (raw prompt "
                              f"-> (token ids, rendered text), the data pipeline's rendering)")
@@ -339,6 +345,7 @@ class RLTrainer(HostLoop):
         self._alloc_metrics: dict[str, float] = {}
         self._replay_metrics: dict[str, float] = {}
         self._hint_metrics: dict[str, float] = {}
+        self._sampler_metrics: dict[str, float] = {}
         self.candidates = candidates
         self.staleness = staleness
         self.prompt_encoder = prompt_encoder
@@ -513,6 +520,7 @@ class RLTrainer(HostLoop):
         self._shaping_state_at_step = {n: dict(self.store.slot(_slot(n))) for n in self._stateful}
         self._replay_metrics = {}
         self._hint_metrics = {}
+        self._sampler_metrics = {}
         params = self._stale[0] if self.staleness else self.state.params  # the policy this step samples with
         for r in range(gf.max_rounds):
             if r == 0 and self._pending is not None:  # sampled during the last step's update
@@ -531,6 +539,8 @@ class RLTrainer(HostLoop):
                 roll = self.sampler(params, batch.prompt_ids, self.round_key(k_roll, r), *self.frozen,
                                     **({} if counts is None else {"counts": counts}))
                 t["time/rollout"] += time.perf_counter() - t0
+                for k, v in getattr(self.sampler, "last_stats", {}).items():  # the tree sampler's token counts
+                    self._sampler_metrics[k] = self._sampler_metrics.get(k, 0.0) + v
             if counts is not None and not counts.all():  # prompts given no rollout leave the round
                 batch, roll = _drop_unsampled(batch, roll, counts)
             t0 = time.perf_counter()
@@ -775,6 +785,8 @@ class RLTrainer(HostLoop):
         prompt_len = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
         arrays = build_rl_batch(prompt_ids, merged, prompt_len, self.sampler.config.pad_token_id)
         arrays["stopped"] = np.asarray(merged.stopped, bool)
+        if hasattr(rounds[0].t_roll, "paths"):  # a tree rollout (TreePO): each response's segment nodes
+            arrays["tree_paths"] = cat(lambda x: x.t_roll.paths)
         valid = np.concatenate([np.full(len(ix), v) for v, ix in zip(valid_group, rows)])
         step = StepBatch(
             arrays, cat(lambda x: x.scores), valid, prompt_len, [rounds[r].t_batch.prompts[i] for r, i in groups],
@@ -990,6 +1002,11 @@ class RLTrainer(HostLoop):
                             "sampling/filler_groups": float(n_groups - chosen),
                             "sampling/empty_minibatches": float(empty)})
         metrics.update(step.metrics)
+        if self._sampler_metrics:  # tokens decoded against the responses' tokens (summed over rounds)
+            sm = dict(self._sampler_metrics)
+            if "tree/leaf_tokens" in sm:
+                sm["tree/saved_frac"] = 1.0 - sm["tree/decoded_tokens"] / max(sm["tree/leaf_tokens"], 1.0)
+            metrics.update(sm)
         if self.recipe.allocator is not None:
             metrics.update(self._alloc_metrics)
         if self.recipe.replay is not None:

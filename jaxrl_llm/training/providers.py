@@ -405,6 +405,29 @@ def _answer_ids(tr, step: StepBatch) -> None:
     step.metrics["answers/clusters_per_group"] = float(k[present].mean()) if present.any() else 0.0
 
 
+@provider("tree_prefix_ids")
+def _tree_prefix_ids(tr, step: StepBatch) -> None:
+    """``[N, D + 1]`` the dense id of each row's depth-``d`` subtree (column 0 its prompt group,
+    column ``d`` the rows of that group sharing its ``d``-th segment node; ``-1`` past the row's
+    depth), from the tree sampler's ``paths``."""
+    paths = step.arrays.get("tree_paths")
+    if paths is None:
+        raise ValueError("recipe.advantage=treepo reads the tree of each prompt's responses: sample with "
+                         "rollout.tree_segment=<tokens per segment> (TreePO's tree sampler)")
+    gid = np.asarray(step.arrays["group_ids"])
+    n, d = paths.shape
+    out = np.full((n, d + 1), -1, np.int32)
+    out[:, 0] = gid
+    for col in range(d):
+        node = paths[:, col]
+        seen: dict[tuple[int, int], int] = {}
+        for i in np.flatnonzero(node >= 0):
+            out[i, col + 1] = seen.setdefault((int(gid[i]), int(node[i])), len(seen))
+    step.inputs["tree_prefix_ids"] = out
+    present = out[:, 1:] >= 0
+    step.metrics["tree/depth_mean"] = float(present.sum(1)[step.valid].mean()) if step.valid.any() else 0.0
+
+
 @provider("truncated")
 def _truncated(tr, step: StepBatch) -> None:
     """``[N]`` 1 where the sampler stopped a response at the length budget rather than a stop token."""

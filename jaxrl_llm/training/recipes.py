@@ -320,6 +320,13 @@ PRESETS: dict[str, Preset] = {
                     "arXiv:2506.13923",
                     "the hint is a data column (recipe.hints.column, default 'hint': the whole hinted prompt; "
                     "recipe.hints.replace=false appends it to the prompt); the trainer needs a prompt encoder"),
+    # TreePO's released run: the DAPO trainer (clip 0.2 / 0.28, verl's clip_ratio_c = 10, token-mean,
+    # overlong shaping, dynamic sampling) with the tree advantage; the tree sampler is rollout.tree_segment
+    "treepo": Preset(_spec("treepo", "treepo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",
+                           shaping=Choice("overlong"), group_filter=Choice("dynamic_sampling")), 16,
+                     "TreePO: Bridging the Gap of Policy Optimization and Efficacy and Inference Efficiency with "
+                     "Heuristic Tree-based Modeling (Li et al.), arXiv:2508.17445",
+                     "sample with rollout.tree_segment=<tokens per segment> (the paper: 512, branch 2, 16 leaves)"),
     "p3o": Preset(_spec("p3o", "grpo", Choice("p3o"), "token-mean"), 2,
                   "Pairwise Proximal Policy Optimization (Wu et al.), arXiv:2310.00212",
                   "two responses per prompt; the KL control of the paper: recipe.kl.coef"),
@@ -520,7 +527,7 @@ def _trial(est: Bound, loss: Bound, kl_reward: KLReward | None, num_samples: int
     shapes = {"token": ((n, t), jnp.float32), "sequence": ((n,), jnp.float32), "components": ((n, 2), jnp.float32),
               "turn": ((n, 2), jnp.float32), "turn_mask": ((n, 2), jnp.bool_), "turn_index": ((n, 2), jnp.int32),
               "token_index": ((n, t), jnp.int32), "turn_boundary": ((n, 3), jnp.float32),
-              "sequence_int": ((n,), jnp.int32)}
+              "sequence_int": ((n,), jnp.int32), "tree_index": ((n, 3), jnp.int32)}
     need = set(est.part.requires) | ({"old_logp", "ref_logp"} if kl_reward else set())
     inputs.update({k: f32(*shapes[PROVIDED_INPUTS[k]]) for k in need if k != "token_rewards"})
     group_ids = inputs.pop("group_ids")

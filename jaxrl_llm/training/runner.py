@@ -137,6 +137,14 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
     need(not ro.asynchronous or (ro.sampler_devices and ro.staleness),
          "rollout.asynchronous=true samples the next step on the sampler's own devices during this step's update: "
          f"set rollout.sampler_devices >= 1 and rollout.staleness >= 1 (got {ro.sampler_devices} and {ro.staleness})")
+    need(ro.tree_segment is None or (isinstance(ro.tree_segment, int) and not isinstance(ro.tree_segment, bool)
+                                     and ro.tree_segment >= 1),
+         f"rollout.tree_segment must be an int >= 1 (tokens per segment) or null, got {ro.tree_segment!r}")
+    need(isinstance(ro.tree_branch, int) and not isinstance(ro.tree_branch, bool) and ro.tree_branch >= 1,
+         f"rollout.tree_branch must be an int >= 1, got {ro.tree_branch!r}")
+    need(ro.tree_segment is None or (not ro.sampler_devices and ro.sampler_weights == "train"),
+         "rollout.tree_segment (TreePO's tree sampler) runs on the trainer's devices and weights: leave "
+         "rollout.sampler_devices=0 and rollout.sampler_weights=train")
     need(ro.sampler_weights in ("train", "tensor"),
          f"rollout.sampler_weights must be 'train' or 'tensor', got {ro.sampler_weights!r}")
     if d.dataset:
@@ -397,8 +405,14 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         from jaxrl_llm.parallel import DEFAULT_RULES
 
         sampler_mesh, sampler_rules = s.sampler_mesh, sampler_rules or DEFAULT_RULES
-    sampler = Sampler(s.gd, _sampling(cfg, (s.stop,), s.pad), length_buckets=tuple(cfg.rollout.prompt_buckets),
-                      mesh=sampler_mesh, param_rules=sampler_rules)
+    if cfg.rollout.tree_segment is not None:  # TreePO: responses share their first segments
+        from jaxrl_llm.rollout import TreeSampler
+
+        sampler = TreeSampler(s.gd, _sampling(cfg, (s.stop,), s.pad), segment=cfg.rollout.tree_segment,
+                              branch=cfg.rollout.tree_branch, length_buckets=tuple(cfg.rollout.prompt_buckets))
+    else:
+        sampler = Sampler(s.gd, _sampling(cfg, (s.stop,), s.pad), length_buckets=tuple(cfg.rollout.prompt_buckets),
+                          mesh=sampler_mesh, param_rules=sampler_rules)
     critic = None
     if rec.needs_critic:
         base = nnx.state(nnx.merge(s.gd, params, s.frozen_state), nnx.Param)  # backbone (LoRA adapters excluded)

@@ -289,6 +289,10 @@ for _name in ("grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "reinf
               "ngrpo_advantages"):
     R[_name] = (lambda s, m, _f=getattr(C, _name): _f(s, m, GID, NG), outcome, 1)
 
+# TreePO: GID's three prompts, each splitting into two subtrees at depth 1 (ids dense per column)
+_TREE_IDS = np.stack([GID, np.array([0, 1, 2, 3, 4, 5]), np.array([0, -1, 1, 2, -1, 3])], 1).astype(np.int32)
+R["treepo_advantages"] = (lambda s, m: C.treepo_advantages(s, _TREE_IDS, m), outcome, 1)
+
 # curricula (arms / candidates along the batch axis)
 R["td_update"] = (lambda q, r, o: C.td_update(q, r, o, 0.5),
                   lambda s: [_n(s, (B,)), _n(s + 1, (B,)), _rng(s).integers(0, 2, B).astype(bool)], 2)

@@ -92,6 +92,8 @@ def _rl(r):
         kw["pcl"] = r["name"] == "pcl"
         if r["name"] == "spo_priority":
             preset, kw["g"], kw["reward"] = "single_stream_po", 1, [target_frac]
+    if field == "advantage" and r["name"] == "treepo":
+        kw["tree"] = 2  # TreePO's advantage reads the tree sampler's paths
     if field == "advantage" and r["name"] == "single_stream_po":
         kw["reward"] = [target_frac]  # a success probability: rewards in [0, 1]
     tr = make(preset, **kw, **{field: args})

@@ -122,7 +122,7 @@ class MismatchedSampler:
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
          stop=False, mismatch=False, aux=False, candidates=1, staleness=0, data=None, encoder=None, buckets=(P,),
-         pcl=False, **overrides):
+         pcl=False, tree=None, **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -140,6 +140,12 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
     sampler = cached(("sampler", g, stop, buckets), lambda: Sampler(
         gd, SamplingConfig(max_new_tokens=T, num_samples=g, stop_token_ids=(STOP,) if stop else ()),
         length_buckets=buckets))
+    if tree is not None:  # TreePO's tree sampler, segments of `tree` tokens
+        from jaxrl_llm.rollout import TreeSampler
+
+        sampler = cached(("tree", g, stop, buckets, tree), lambda: TreeSampler(
+            gd, SamplingConfig(max_new_tokens=T, num_samples=g, stop_token_ids=(STOP,) if stop else ()),
+            segment=tree, length_buckets=buckets))
     if mismatch:
         sampler = MismatchedSampler(sampler)
     step = cached(("step", rec.objective, lr), lambda: make_train_step(gd, opt, rec.objective))
