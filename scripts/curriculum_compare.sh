@@ -13,14 +13,21 @@ EXTRA="${EXTRA:-}"
 ARMS="${ARMS:-sec}"
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1 2)
-for seed in "${seeds[@]}"; do
+# a run whose summary exists is not run again (an interrupted comparison continues)
+run() {  # run <out dir> <overrides...>
+  local out="$1"; shift
+  [ -f "$out/summary.json" ] && return 0
   # shellcheck disable=SC2086
-  .venv/bin/jaxrl-llm train tiny_curriculum run.seed="$seed" recipe.selector=none rollout.candidates=1 $EXTRA \
-    run.out="$OUT/uniform_seed${seed}"
+  .venv/bin/jaxrl-llm train tiny_curriculum "$@" $EXTRA run.out="$out"
+}
+for seed in "${seeds[@]}"; do
+  run "$OUT/uniform_seed${seed}" run.seed="$seed" recipe.selector=none rollout.candidates=1
   for arm in $ARMS; do
-    # shellcheck disable=SC2086
-    .venv/bin/jaxrl-llm train tiny_curriculum run.seed="$seed" recipe.selector="$arm" $EXTRA \
-      run.out="$OUT/${arm}_seed${seed}"
+    if [ "$arm" = sec ]; then  # the experiment's own selector, with its arguments (column=level, ...)
+      run "$OUT/sec_seed${seed}" run.seed="$seed"
+    else
+      run "$OUT/${arm}_seed${seed}" run.seed="$seed" recipe.selector="$arm"
+    fi
   done
 done
 .venv/bin/python scripts/curriculum_table.py "$OUT" "$ARMS" "${seeds[@]}"

@@ -96,3 +96,13 @@ def test_treepo_step_uses_the_tree_advantage_of_the_batch():
         make("grpo", g=4, advantage="treepo").step()
     with pytest.raises(ValueError, match="cannot be combined with recipe.replay"):
         make("grpo", g=4, tree=2, replay="arpo", old_logp="recompute")
+
+
+def test_tree_run_resumes_bitwise(tmp_path):
+    from test_rl_recipes_extra import straight_and_resumed
+
+    def build():
+        return make("grpo", g=4, tree=2, advantage="treepo", agg="token-mean")
+
+    a, b = straight_and_resumed(build, 3, 2, tmp_path / "ckpt")
+    assert a[0] == b[0] and a[1] == b[1]
