@@ -6,10 +6,10 @@ children (its KV-cache rows and next-token logits are gathered, so the shared pr
 decoded again) and the children decode the next segment independently. A path ends at a stop
 token or at the budget (``max_new_tokens``): it is a leaf, a response. The width follows the
 authors' ``by_fixed_div`` budget with ``fixed_avg`` division: with ``F`` leaves of the prompt so
-far and ``a`` paths going on, the next segment has ``max(a, min(G - F, branch * a))`` paths,
-``floor(total / a)`` children per path and the remainder to the last one, so the width doubles
-(``branch = 2``) until ``F`` plus the paths in flight reach ``G``, and the width freed by paths
-that ended passes to the others.
+far, ``f`` of them ended in this segment and ``a`` paths going on, the next segment has
+``max(a, min(G - F, branch * (f + a)))`` paths, ``floor(total / a)`` children per path and the
+remainder to the last one, so the width doubles (``branch = 2``) until ``F`` plus the paths in
+flight reach ``G``, and the slots of paths that ended pass to the others.
 
 Where the authors' fallback refills a prompt whose paths all ended before ``G`` leaves (it cuts
 finished leaves back to a random segment boundary and continues from there, or restarts from the
@@ -64,13 +64,14 @@ class TreeRollout(NamedTuple):
     paths: Any  # [N, D] int32 node id of each segment, root first; -1 past the leaf's depth
 
 
-def tree_widths(finished: int, going_on: int, width: int, branch: int) -> list[int]:
+def tree_widths(finished: int, ended: int, going_on: int, width: int, branch: int) -> list[int]:
     """Children of each of ``going_on`` paths at a segment boundary (``by_fixed_div`` with
-    ``fixed_avg``): ``total = max(a, min(width - finished, branch * a))`` split evenly, the
-    remainder to the last path."""
+    ``fixed_avg``): with ``finished`` leaves of the prompt so far (``ended`` of them in this
+    segment), ``total = max(a, min(width - finished, branch * (ended + a)))`` split evenly, the
+    remainder to the last path: the slots of the paths that ended pass to the others."""
     if going_on <= 0:
         return []
-    total = max(going_on, min(max(width - finished, 0), branch * going_on))
+    total = max(going_on, min(max(width - finished, 0), branch * (ended + going_on)))
     each = [total // going_on] * going_on
     each[-1] += total - sum(each)
     return each
@@ -176,6 +177,7 @@ class TreeSampler:
             tok, msk, lp, stop = (np.asarray(x)[:n_rows] for x in (tok, msk, lp, stop))
             decoded += int(msk.sum())
             going: list[list[int]] = [[] for _ in range(b)]  # per prompt, its rows that go on
+            ended = np.zeros(b, np.int64)
             cur_node = np.empty(n_rows, np.int64)
             for r in range(n_rows):
                 nodes.append(_Node(int(row_node[r]), int(row_prompt[r]), tok[r][msk[r]], lp[r][msk[r]]))
@@ -183,11 +185,13 @@ class TreeSampler:
                 if stop[r] or k == self.depth - 1:
                     leaves.append((len(nodes) - 1, bool(stop[r])))
                     finished[row_prompt[r]] += 1
+                    ended[row_prompt[r]] += 1
                 else:
                     going[row_prompt[r]].append(r)
             new_parents, new_prompt, new_node = [], [], []
             for p in range(b):
-                for r, c in zip(going[p], tree_widths(int(finished[p]), len(going[p]), w, self.branch)):
+                for r, c in zip(going[p], tree_widths(int(finished[p]), int(ended[p]), len(going[p]), w,
+                                                      self.branch)):
                     new_parents += [r] * c
                     new_prompt += [p] * c
                     new_node += [int(cur_node[r])] * c

@@ -14,13 +14,14 @@ from test_rl_recipes_extra import PROMPTS, STOP, init, make
 
 
 def test_width_rule_by_hand():
-    assert tree_widths(0, 2, 8, 2) == [2, 2]  # doubling
-    assert tree_widths(3, 2, 8, 2) == [2, 2]  # min(8 - 3, 2 * 2) = 4
-    assert tree_widths(1, 3, 8, 2) == [2, 2, 2]
-    assert tree_widths(2, 3, 7, 2) == [1, 1, 3]  # 5 paths: the remainder to the last
-    assert tree_widths(6, 2, 8, 2) == [1, 1]  # the width is used up: one child each
-    assert tree_widths(8, 1, 8, 2) == [1]  # a path always goes on
-    assert tree_widths(0, 0, 8, 2) == []
+    # (finished so far, of them ended in this segment, paths going on, G, branch)
+    assert tree_widths(0, 0, 2, 8, 2) == [2, 2]  # doubling
+    assert tree_widths(1, 1, 3, 16, 2) == [2, 2, 4]  # the ended path's two slots pass on: min(15, 2 * 4) = 8
+    assert tree_widths(3, 0, 2, 8, 2) == [2, 2]  # min(8 - 3, 2 * 2) = 4
+    assert tree_widths(2, 2, 3, 7, 2) == [1, 1, 3]  # min(7 - 2, 2 * 5) = 5: the remainder to the last
+    assert tree_widths(6, 0, 2, 8, 2) == [1, 1]  # the width is used up: one child each
+    assert tree_widths(7, 0, 1, 8, 2) == [1]  # a path always goes on
+    assert tree_widths(0, 0, 0, 8, 2) == []
 
 
 def _teacher_forced(tr, params, prompts, r, p_len=8):
