@@ -7,7 +7,11 @@ prompt, so it is never in the loss, and the log-probs are the policy's in that c
 asks again with the new outcomes (``stage`` counts the asks) until the part returns no group.
 The prompt statistics, the reward metrics and a replay buffer see the round as first sampled.
 
-A part is ``fn(x: HintInputs, **params) -> {group: hinted raw prompt}``. Its flag ``context``
+A part is ``fn(x: HintInputs, **params) -> {group: hinted raw prompt}``; with the flag
+``levels`` it returns ``{group: [hinted raw prompt of each level, mildest first]}`` and the loop
+samples one response per level, takes the mildest level whose response scores ``> 0`` and puts
+that response in the group's first row, trained after the plain prompt (Scaf-GRPO); a group
+without such a level is left as it was. Its flag ``context``
 says where the hinted groups are trained: ``"hinted"`` (the default: GHPO, the hint is part of
 the prompt trained on) or ``"plain"`` (Guide: the responses sampled with the hint are trained
 after the plain prompt, their old log-probs the sampler's in the hinted context, so the ratio
@@ -25,7 +29,7 @@ import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
-__all__ = ["HintInputs", "HINTS", "add_hint", "trains_in_plain_context"]
+__all__ = ["HintInputs", "HINTS", "add_hint", "trains_in_plain_context", "SCAF_SYSTEM"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,3 +170,73 @@ HINTS.register(Part(
          "context's old log-probs; use with recipe.loss=guide (the reshaped, unclipped ratio r/(r + gamma)) and "
          "recipe.group_filter=dynamic_sampling (the code keeps groups with 0 < accuracy < 1, hinted or not); the "
          "code's truncation of re-rolled prompts to a multiple of the world size is not reproduced"))
+
+
+#: Scaf-GRPO's system message of the rebuilt prompt (the authors' ``build_new_message``)
+SCAF_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+_SCAF_TIERS = (("knowledge", "Knowledge Hints"), ("solution", "Solution Hints"))
+
+
+def _question(raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    for m in reversed(list(raw)):
+        if m.get("role") == "user":
+            return str(m["content"])
+    raise ValueError("a chat prompt without a user message cannot take a hint")
+
+
+def scaf_grpo(x: HintInputs, *, knowledge: str = "knowledge_parts", solution: str = "solution_parts",
+              warmup_steps: int = 50, system: str | None = SCAF_SYSTEM, metric: str | None = None):
+    """Scaf-GRPO's scaffolding (arXiv:2510.19807; the authors' ``dvlab-research/Scaf-GRPO``
+    @1085db5, ``hint_mix_grpo/trainer/ray_trainer.py``): from iteration ``warmup_steps`` on
+    (0-based; the code's global step, counted from 1, ``> warmup_steps``),
+    a group whose outcomes are all exactly 0 gets hint levels, mildest first: the question with
+    the first ``k`` knowledge parts (``k = 1..4``), then with the first ``k`` solution parts, each
+    a rebuilt prompt ``"Question: {q}\n{tier}: {parts[:k] joined by spaces}"`` (with ``system``
+    as a system message for chat data). The loop samples one response per level and puts the
+    mildest level's success in the group's first row. ``knowledge``, ``solution``: the data
+    columns holding each problem's list of parts (a problem without parts gets no hint)."""
+    del metric  # read by the loop
+    if x.stage > 0 or x.step < warmup_steps:
+        return {}
+    for col in (knowledge, solution):
+        if col not in x.columns:
+            raise ValueError(f"recipe.hints=scaf_grpo reads each problem's hint parts from data column {col!r}; the "
+                             f"data has {sorted(x.columns)} (set recipe.hints.knowledge / recipe.hints.solution)")
+    vals = np.asarray(x.values, np.float64)
+    gid = np.asarray(x.group_ids)
+    out = {}
+    for g in range(len(x.raw_prompts)):
+        rows = gid == g
+        if not rows.any() or not np.all(vals[rows] == 0):
+            continue
+        q, chat = _question(x.raw_prompts[g]), not isinstance(x.raw_prompts[g], str)
+        levels = []
+        for (_, label), col in zip(_SCAF_TIERS, (knowledge, solution)):
+            parts = x.columns[col][g]
+            if parts is None:
+                continue
+            if isinstance(parts, str) or not all(isinstance(p, str) for p in parts):
+                raise ValueError(f"recipe.hints=scaf_grpo: data column {col!r} must hold a list of strings per "
+                                 f"problem; group {g} has {parts!r:.80}")
+            for k in range(1, min(len(parts), 4) + 1):
+                text = f"Question: {q}\n{label}: {' '.join(parts[:k])}"
+                levels.append([*([{"role": "system", "content": system}] if system else []),
+                               {"role": "user", "content": text}] if chat else text)
+        if levels:
+            out[g] = levels
+    return out
+
+
+HINTS.register(Part(
+    "scaf_grpo", scaf_grpo, paper="Scaf-GRPO: Scaffolded Group Relative Policy Optimization for Enhancing LLM "
+                                  "Reasoning (Zhang et al.), arXiv:2510.19807",
+    methods=(70,), verified="hand values (the authors' code's rules)", tests="tests/training/test_hints.py",
+    flags=(("levels", True),),
+    note="the authors' code (dvlab-research/Scaf-GRPO @1085db5): after 50 steps, all-zero groups get up to 8 "
+         "rebuilt prompts (knowledge hints 1-4 parts, then solution hints 1-4; the code's planning tier is "
+         "commented out), one sample each; the mildest level that succeeds replaces the group's first row "
+         "(replace_num=1). The response is trained after the plain prompt with recomputed old log-probs: the "
+         "code's replace_hint_prompt=true (its default, false, trains that one row after the hinted prompt, which "
+         "a group of one prompt cannot hold here); needs recipe.old_logp=recompute"))

@@ -683,6 +683,8 @@ class RLTrainer(HostLoop):
         part = self.recipe.hints
         if part is None:
             return batch, roll, out, frozenset()
+        if part.part.flag("levels"):
+            return self._hint_levels(batch, roll, out, params, key)
         plain = trains_in_plain_context(part)
         g = self.recipe.num_samples
         raw = tuple(batch.raw_prompts)
@@ -731,6 +733,59 @@ class RLTrainer(HostLoop):
             return batch, roll, out, frozenset(hinted)
         return (PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where)), roll, out,
                 frozenset(hinted))
+
+    def _hint_levels(self, batch, roll, out, params, key: jax.Array):
+        """A levels hint part (Scaf-GRPO) on one scored round: one response per hint level of
+        each group the part names (sampled in the round's shape, the first of each prompt's
+        rows), and the mildest level's success (outcome ``> 0``) in the group's first row,
+        trained after the plain prompt."""
+        part = self.recipe.hints
+        g = self.recipe.num_samples
+        metric = dict(part.kwargs).get("metric")
+        pidx = np.asarray(roll.prompt_index)
+        x = HintInputs(metric_values(out.total, out.per_fn, metric, "recipe.hints"), pidx, batch.columns,
+                       tuple(batch.raw_prompts), frozenset(), 0, self.iteration)
+        longest = max(self.sampler.length_buckets)
+        items, too_long = [], 0
+        asked = part(x)
+        for grp, levels in asked.items():
+            for lv, raw in enumerate(levels):
+                enc = self.prompt_encoder(raw)
+                if len(enc[0]) > longest:  # does not fit the sampler's buckets: not tried
+                    too_long += 1
+                    continue
+                items.append((int(grp), lv, enc))
+        best: dict[int, tuple[int, Any, Any, int]] = {}  # group -> (level, sub rollout, sub rewards, row)
+        for c0 in range(0, len(items), len(batch)):
+            chunk = items[c0:c0 + len(batch)]
+            pad = [e[2][0] for e in chunk]
+            pad += [pad[0]] * (len(batch) - len(pad))  # the round's shape: no new compilation
+            sub = self.sampler(params, pad, jax.random.fold_in(key, 0x5CAF + c0), *self.frozen)
+            take = np.arange(len(chunk)) * g  # one response per level
+            sub = type(sub)(*(np.asarray(v)[take] for v in sub))._replace(
+                prompt_index=np.arange(len(chunk), dtype=np.int32))
+            sub_out = self.score([e[2][1] for e in chunk], {c: [list(v)[e[0]] for e in chunk]
+                                                             for c, v in batch.columns.items()}, sub)
+            ok = metric_values(sub_out.total, sub_out.per_fn, metric, "recipe.hints") > 0
+            for j, (grp, lv, _) in enumerate(chunk):
+                if ok[j] and (grp not in best or lv < best[grp][0]):
+                    best[grp] = (lv, sub, sub_out, j)
+        for grp, (lv, sub, sub_out, j) in best.items():
+            row = np.flatnonzero(pidx == grp)[:1]
+            roll = roll._replace(**{f: _put_rows(getattr(roll, f), row, np.asarray(getattr(sub, f))[[j]])
+                                    for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
+            out = RewardOutput(_put_rows(out.total, row, np.asarray(sub_out.total)[[j]]),
+                               {k: _put_rows(v, row, np.asarray(sub_out.per_fn[k])[[j]]) for k, v in out.per_fn.items()},
+                               {k: _put_rows(v, row, np.asarray(sub_out.failed[k])[[j]]) for k, v in out.failed.items()},
+                               out.metrics)
+        hm = self._hint_metrics
+        hm["hints/groups"] = hm.get("hints/groups", 0.0) + len(asked)
+        hm["hints/levels_sampled"] = hm.get("hints/levels_sampled", 0.0) + len(items)
+        hm["hints/rescued_groups"] = hm.get("hints/rescued_groups", 0.0) + len(best)
+        hm["hints/too_long"] = hm.get("hints/too_long", 0.0) + too_long
+        if best:
+            hm["hints/level_mean"] = float(np.mean([b[0] + 1 for b in best.values()]))
+        return batch, roll, out, frozenset()
 
     def replay(self, roll, out, keys: list, round_index: int):
         """The recipe's replay on one scored round: ``(rollout, rewards)`` to train on (the

@@ -492,6 +492,10 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.hints={hints.name if hints else ''} trains responses sampled with a hint after the plain prompt, "
           f"against the sampler's log-probs in the hinted context (the importance ratio between the contexts): "
           f"recipe.old_logp=recompute would replace them with the plain context's (leave recipe.old_logp unset)")
+    _need(hints is None or not hints.part.flag("levels") or s.old_logp == "recompute",
+          f"recipe.hints={hints.name if hints else ''} puts a response sampled after a hinted prompt into a group "
+          f"trained after the plain prompt, as the authors' code does with recomputed old log-probs: set "
+          f"recipe.old_logp=recompute")
     _need("hinted" not in loss.part.requires or trains_in_plain_context(hints),
           f"recipe.loss={loss.name} reshapes the ratio of rows sampled with a hint and trained after the plain "
           f"prompt: set recipe.hints to a part that does that "

@@ -164,3 +164,76 @@ def test_guide_needs_its_hint_part_and_the_samplers_logprobs():
         make("grpo", g=4, loss="guide")
     with pytest.raises(RegistryError, match="recipe.old_logp=recompute would replace"):
         make("grpo", g=4, hints="guide", old_logp="recompute", encoder=encode)
+
+
+scaf = HINTS["scaf_grpo"].fn
+
+
+def test_scaf_grpo_rules_by_hand():
+    raws = ["q0", [{"role": "user", "content": "q1"}], "q2"]
+    cols = {"knowledge_parts": [["k1", "k2"], ["a", "b", "c", "d", "e"], None],
+            "solution_parts": [["s1"], [], ["t1", "t2"]]}
+    gid = [0, 0, 1, 1, 2, 2]
+
+    def x(values, step=60, stage=0):
+        return HintInputs(np.asarray(values, float), np.asarray(gid), cols, tuple(raws), frozenset(), stage, step)
+
+    got = scaf(x([0, 0, 0, 0, 0, 0]))
+    assert got[0] == ["Question: q0\nKnowledge Hints: k1", "Question: q0\nKnowledge Hints: k1 k2",
+                      "Question: q0\nSolution Hints: s1"]
+    # chat data: a rebuilt conversation with the system message; at most 4 parts per tier
+    assert len(got[1]) == 4 and got[1][3] == [{"role": "system", "content": "Please reason step by step, and put "
+                                                                          "your final answer within \\boxed{}."},
+                                              {"role": "user", "content": "Question: q1\nKnowledge Hints: a b c d"}]
+    assert got[2] == ["Question: q2\nSolution Hints: t1", "Question: q2\nSolution Hints: t1 t2"]
+    # only groups whose outcomes are all exactly 0; from iteration warmup_steps on; one stage
+    assert list(scaf(x([0, 0, 1, 0, 0, -1]))) == [0]
+    assert scaf(x([0] * 6, step=49)) == {} and scaf(x([0] * 6, step=50)) != {}
+    assert scaf(x([0] * 6, stage=1)) == {}
+    with pytest.raises(ValueError, match="column 'knowledge_parts'"):
+        HINTS["scaf_grpo"].fn(HintInputs(np.zeros(2), np.zeros(2, int), {}, ("q",), frozenset(), 0, 60))
+
+
+class ScafData(HintData):
+    """HintData with hint parts: knowledge "1" .. "4", solution four TARGETs."""
+
+    def __next__(self):
+        b = super().__next__()
+        n = len(b.prompts)
+        return PromptBatch(b.prompt_ids, b.prompts, b.raw_prompts,
+                           {**b.columns, "knowledge_parts": [["1", "2", "3", "4"]] * n,
+                            "solution_parts": [["7", "7", "7", "7"]] * n}, b.where)
+
+
+def encode_ints(raw):
+    return [int(t) for t in raw.replace("\n", " ").split() if t.isdigit()], raw
+
+
+def solution_two(prompts, completions, **_):
+    """1 exactly when the prompt carries at least two solution parts (levels 6 to 8, 1-based)."""
+    return [float("Solution Hints: 7 7" in p) for p in prompts]
+
+
+def test_scaf_grpo_in_the_loop_puts_the_mildest_success_in_the_first_row():
+    tr = make("grpo", g=4, prompts_per_step=2, reward=solution_two, encoder=encode_ints, buckets=(16,),
+              data=ScafData(), old_logp="recompute", hints={"name": "scaf_grpo", "warmup_steps": 0})
+    m = tr.step()
+    b = tr.last_batch
+    # every plain group scores 0: both asked, 8 levels each, rescued at level 6 (two solution parts)
+    assert m["hints/groups"] == 2 and m["hints/levels_sampled"] == 16 and m["hints/rescued_groups"] == 2
+    assert m["hints/level_mean"] == 6
+    for gi in range(2):
+        rows = np.flatnonzero(b["group_ids"] == gi)
+        np.testing.assert_array_equal(b["scores"][rows], [1, 0, 0, 0])  # the first row holds the success
+    # trained after the plain prompt, with old log-probs recomputed there
+    fresh = make("grpo", g=4, prompts_per_step=2, reward=solution_two, encoder=encode_ints, buckets=(16,),
+                 data=ScafData(), old_logp="recompute", hints={"name": "scaf_grpo", "warmup_steps": 0})
+    lp = np.asarray(fresh.logp(fresh.state.params, fresh.frozen, b["tokens"], b["mask"]))
+    np.testing.assert_allclose(b["old_logp"][b["loss_mask"]], lp[b["loss_mask"]], atol=2e-5)
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    for gi, key in enumerate(tr._last_keys):
+        row = np.flatnonzero(b["group_ids"] == gi)[0]
+        q = HintData().rows[int(key.split(":")[1])][0]
+        assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode_ints(q)[0]
+    with pytest.raises(RegistryError, match="set recipe.old_logp=recompute"):
+        make("grpo", g=4, hints="scaf_grpo", encoder=encode_ints)

@@ -23,6 +23,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
+            ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
             ("recipe.truncation", "siri"): {"low": 2, "high": 6, "compress_steps": 1, "expand_steps": 1},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
 
@@ -87,6 +88,10 @@ def _rl(r):
         kw.update(data=HintData(4), encoder=encode, buckets=(16,))
         if field == "loss":  # Guide's loss reads the rows its hint part re-sampled
             kw["hints"] = {"name": "guide", **REQUIRED[("recipe.hints", "guide")]}
+        if r["name"] == "scaf_grpo":  # hint parts per problem; recomputed old log-probs
+            from test_hints import ScafData, encode_ints
+
+            kw.update(data=ScafData(4), encoder=encode_ints, old_logp="recompute")
     if field == "selector":
         kw["candidates"] = 2
         kw["pcl"] = r["name"] == "pcl"
