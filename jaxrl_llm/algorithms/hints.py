@@ -74,6 +74,14 @@ def add_hint(raw: Any, text: str) -> Any:
     raise ValueError("a chat prompt without a user message cannot take a hint")
 
 
+def _column(x: HintInputs, part: str, column: str, what: str, key: str = "column") -> list:
+    """The data column ``column`` of the round's groups, or an error naming the config key."""
+    if column not in x.columns:
+        raise ValueError(f"recipe.hints={part} reads {what} from data column {column!r}; the data has "
+                         f"{sorted(x.columns)} (set recipe.hints.{key})")
+    return x.columns[column]
+
+
 def _none(x: HintInputs):
     return {}
 
@@ -96,9 +104,7 @@ def ghpo(x: HintInputs, *, column: str = "solution", fractions=(0.25, 0.5, 0.75)
         raise ValueError(f"recipe.hints.fractions must be numbers in (0, 1], got {list(fractions)}")
     if x.stage >= len(fractions) or x.step < start_step:
         return {}
-    if column not in x.columns:
-        raise ValueError(f"recipe.hints={'ghpo'} reads the reference solution from data column {column!r}; the data "
-                         f"has {sorted(x.columns)} (set recipe.hints.column)")
+    sols = _column(x, "ghpo", column, "the reference solution")
     vals = np.nan_to_num(np.asarray(x.values, np.float64), nan=0.0)
     gid = np.asarray(x.group_ids)
     w = fractions[x.stage]
@@ -106,7 +112,7 @@ def ghpo(x: HintInputs, *, column: str = "solution", fractions=(0.25, 0.5, 0.75)
     for g in range(len(x.raw_prompts)):
         rows = gid == g
         if rows.any() and (vals[rows] <= 0).all() and (x.stage == 0 or g in x.hinted):
-            sol = str(x.columns[column][g])
+            sol = str(sols[g])
             out[g] = add_hint(x.raw_prompts[g], template + sol[:round(len(sol) * w)])
     return out
 
@@ -138,9 +144,7 @@ def guide(x: HintInputs, *, column: str = "hint", replace: bool = True, template
     del metric  # read by the loop
     if x.stage > 0 or x.step < start_step:
         return {}
-    if column not in x.columns:
-        raise ValueError(f"recipe.hints=guide reads each problem's hint from data column {column!r}; the data has "
-                         f"{sorted(x.columns)} (set recipe.hints.column)")
+    hints = _column(x, "guide", column, "each problem's hint")
     vals = np.nan_to_num(np.asarray(x.values, np.float64), nan=0.0)
     gid = np.asarray(x.group_ids)
     out = {}
@@ -148,7 +152,7 @@ def guide(x: HintInputs, *, column: str = "hint", replace: bool = True, template
         rows = gid == g
         if not rows.any() or vals[rows].mean() > threshold:
             continue
-        text = x.columns[column][g]
+        text = hints[g]
         if text is None or (isinstance(text, str) and not text):
             continue  # a problem without a hint is not re-rolled
         if replace:
@@ -200,10 +204,8 @@ def scaf_grpo(x: HintInputs, *, knowledge: str = "knowledge_parts", solution: st
     del metric  # read by the loop
     if x.stage > 0 or x.step < warmup_steps:
         return {}
-    for col in (knowledge, solution):
-        if col not in x.columns:
-            raise ValueError(f"recipe.hints=scaf_grpo reads each problem's hint parts from data column {col!r}; the "
-                             f"data has {sorted(x.columns)} (set recipe.hints.knowledge / recipe.hints.solution)")
+    tiers = [(label, _column(x, "scaf_grpo", col, "each problem's hint parts", name), col)
+             for (name, label), col in zip(_SCAF_TIERS, (knowledge, solution))]
     vals = np.asarray(x.values, np.float64)
     gid = np.asarray(x.group_ids)
     out = {}
@@ -213,8 +215,8 @@ def scaf_grpo(x: HintInputs, *, knowledge: str = "knowledge_parts", solution: st
             continue
         q, chat = _question(x.raw_prompts[g]), not isinstance(x.raw_prompts[g], str)
         levels = []
-        for (_, label), col in zip(_SCAF_TIERS, (knowledge, solution)):
-            parts = x.columns[col][g]
+        for label, column, col in tiers:
+            parts = column[g]
             if parts is None:
                 continue
             if isinstance(parts, str) or not all(isinstance(p, str) for p in parts):
