@@ -28,6 +28,8 @@ jax.monitoring.register_event_duration_secs_listener(
 
 assert jax.device_count() == 8, jax.devices()
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]
+if len(sys.argv) > 1:  # "2,2,2 1,1,8": only these meshes
+    MESHES = [tuple(int(x) for x in m.split(",")) for m in sys.argv[1:]]
 CFG = preset("tiny", vocab_size=256, hidden_size=64, num_heads=8, num_kv_heads=8, head_dim=8, intermediate_size=128)
 B, T = 8, 12
 

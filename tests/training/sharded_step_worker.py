@@ -3,6 +3,7 @@ single-device step. Prints one JSON line (max abs param and loss differences per
 
 import json
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
@@ -21,6 +22,8 @@ from jaxrl_llm.training import (PolicyObjective, init_train_state, make_train_st
 
 assert jax.device_count() == 8
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]
+if len(sys.argv) > 1:  # "2,2,2 1,1,8": only these meshes
+    MESHES = [tuple(int(x) for x in m.split(",")) for m in sys.argv[1:]]
 CFG = preset("tiny", vocab_size=256, hidden_size=64, num_heads=8, num_kv_heads=8, head_dim=8, intermediate_size=128)
 B, L = 16, 12
 rng = np.random.default_rng(0)

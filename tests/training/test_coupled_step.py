@@ -57,7 +57,7 @@ def test_coupled_step_equals_the_full_batch_gradient_for_any_microbatch_split():
 
     want_loss, g = jax.value_and_grad(full_loss)(state.params)
     want = jax.tree.map(lambda p, d: p - 0.3 * d, state.params, g)
-    for n_mb in (1, 2, 4):
+    for n_mb in (1, 4):  # unsplit, and a split into mini-batches of 2 rows
         new, met = make_train_step(gd, opt, obj, num_microbatches=n_mb, donate=False)(state, batch)
         assert max_diff(new.params, state.params) > 1e-3
         assert max_diff(new.params, want) <= 2e-6, n_mb

@@ -33,16 +33,16 @@ def _teacher_forced(tr, params, prompts, r, p_len=8):
 def test_tree_sampler_shares_prefixes_and_counts_the_tokens():
     gd, params = init()
     tr = make("grpo", g=8)  # its log-prob pass, for the teacher-forced check
-    prompts = PROMPTS[:3]
+    prompts = PROMPTS[:2]
     ts = TreeSampler(gd, SamplingConfig(max_new_tokens=12, num_samples=8), segment=3, length_buckets=(8,))
     r = ts(params, prompts, jax.random.key(0))
-    assert r.tokens.shape == (24, 12) and r.lengths.tolist() == [12] * 24 and not r.stopped.any()
-    assert r.prompt_index.tolist() == np.repeat(np.arange(3), 8).tolist()
+    assert r.tokens.shape == (16, 12) and r.lengths.tolist() == [12] * 16 and not r.stopped.any()
+    assert r.prompt_index.tolist() == np.repeat(np.arange(2), 8).tolist()
     # widths 2, 4, 8, 8 per prompt: segments of 3 tokens decoded (2 + 4 + 8 + 8) * 3 times per prompt
-    assert ts.last_stats["tree/decoded_tokens"] == 3 * 22 * 3 and ts.last_stats["tree/leaf_tokens"] == 24 * 12
+    assert ts.last_stats["tree/decoded_tokens"] == 2 * 22 * 3 and ts.last_stats["tree/leaf_tokens"] == 16 * 12
     assert ts.last_stats["tree/saved_frac"] == pytest.approx(1 - 66 / 96)
     assert ts.last_stats["tree/fallback_leaves"] == 0
-    for p in range(3):
+    for p in range(2):
         rows = np.arange(8 * p, 8 * p + 8)
         paths, toks = r.paths[rows], r.tokens[rows]
         assert len(np.unique(paths[:, 0])) == 2 and len(np.unique(paths[:, 1])) == 4
@@ -61,8 +61,8 @@ def test_tree_sampler_shares_prefixes_and_counts_the_tokens():
     ts = TreeSampler(gd, SamplingConfig(max_new_tokens=12, num_samples=8, stop_token_ids=(STOP,)), segment=3,
                      length_buckets=(8,))
     r = ts(params, prompts, jax.random.key(1))
-    assert r.tokens.shape == (24, 12)
-    ends = r.tokens[np.arange(24), np.maximum(r.lengths - 1, 0)]
+    assert r.tokens.shape == (16, 12)
+    ends = r.tokens[np.arange(16), np.maximum(r.lengths - 1, 0)]
     np.testing.assert_array_equal(r.stopped, ends == STOP)
     assert _teacher_forced(tr, params, prompts, r) < 2e-5
 
