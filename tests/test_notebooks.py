@@ -1,4 +1,5 @@
-"""Every notebook in notebooks/ runs top to bottom (fast mode: JAXRL_NOTEBOOK_FAST=1).
+"""Every notebook in notebooks/ runs top to bottom (fast mode: JAXRL_NOTEBOOK_FAST=1; those in ``SLOW``
+with -m slow).
 
 The code cells are executed in order in a fresh Python process, as a kernel would (no Jupyter
 needed); a failing cell fails the test with the cell's number and traceback.
@@ -35,7 +36,13 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/ has no .ipynb file"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# fast modes that repeat a default test's coverage run with -m slow (suite time): agents_gigpo's two
+# agent runs are the path of tests/training/test_agent_runner.py
+SLOW = {"agents_gigpo"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
+                                  for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
     env = dict(os.environ, JAXRL_NOTEBOOK_FAST="1", MPLBACKEND="Agg")
     r = subprocess.run([sys.executable, "-c", RUNNER, str(path)], cwd=tmp_path, env=env, capture_output=True,

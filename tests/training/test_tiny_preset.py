@@ -8,10 +8,17 @@ held-out; on the AMD EPYC of 2026-11-25 seed 0 goes 0.452 -> 0.468 held-out (0.5
 while its training reward rises from 0.367 (first 50 steps) to 0.512 (last 50). So the test asks
 for what holds on both: held-out accuracy above the SFT start and a training-reward rise of at
 least 0.05; it fails when a change breaks learning.
+
+It is the full preset (up to 1500 SFT steps, 300 GRPO steps: 76-105 s of a clean-clone CI run), so
+it runs with ``-m slow``; the default suite checks learning on the toy tasks
+(``test_rl_recipes_extra.py``: rewards rise under PPO, GRPO, ReMax, ...) and runs the preset's code
+path in ``notebooks/01_tiny_sft_then_grpo.ipynb``'s fast mode.
 """
 
 import json
 from pathlib import Path
+
+import pytest
 
 from jaxrl_llm.cli import load_experiment
 from jaxrl_llm.config import apply_overrides
@@ -20,6 +27,7 @@ from jaxrl_llm.training.runner import run_rl
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_tiny_preset_improves_held_out_accuracy(tmp_path):
     exp = load_experiment(ROOT / "experiments" / "tiny_grpo.py")
     cfg = apply_overrides(exp.default, [f"run.out={tmp_path}", "run.plot=false", "run.tensorboard=false"])

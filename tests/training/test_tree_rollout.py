@@ -57,14 +57,6 @@ def test_tree_sampler_shares_prefixes_and_counts_the_tokens():
         # the children of a node sampled apart: leaves that split at depth d differ somewhere after it
         assert len({tuple(t) for t in toks}) == 8
     assert _teacher_forced(tr, params, prompts, r) < 2e-5
-    # stop tokens: paths end early, the width passes to the others; still G leaves per prompt
-    ts = TreeSampler(gd, SamplingConfig(max_new_tokens=12, num_samples=8, stop_token_ids=(STOP,)), segment=3,
-                     length_buckets=(8,))
-    r = ts(params, prompts, jax.random.key(1))
-    assert r.tokens.shape == (16, 12)
-    ends = r.tokens[np.arange(16), np.maximum(r.lengths - 1, 0)]
-    np.testing.assert_array_equal(r.stopped, ends == STOP)
-    assert _teacher_forced(tr, params, prompts, r) < 2e-5
 
 
 def test_fallback_completes_every_prompt_to_g_leaves():
@@ -85,9 +77,15 @@ def test_fallback_completes_every_prompt_to_g_leaves():
 
 
 def test_treepo_step_uses_the_tree_advantage_of_the_batch():
-    tr = make("grpo", g=4, tree=2, advantage="treepo", agg="token-mean")
+    """With stop tokens: paths end early and their slots pass to the others; still G leaves."""
+    tr = make("grpo", g=4, tree=2, advantage="treepo", agg="token-mean", stop=True)
     m = tr.step()
     b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    lengths = b["completion_mask"].sum(1)
+    ends = b["tokens"][np.arange(len(lengths)), p + np.maximum(lengths - 1, 0)]
+    np.testing.assert_array_equal(b["stopped"], ends == STOP)
+    assert np.bincount(b["group_ids"]).tolist() == [4] * (len(lengths) // 4)
     assert m["tree/saved_frac"] > 0 and m["tree/leaf_tokens"] == b["completion_mask"].sum()
     ids = b["tree_prefix_ids"]
     assert ids.shape == (len(b["scores"]), 4) and (ids[:, 0] == b["group_ids"]).all()
@@ -103,7 +101,7 @@ def test_tree_run_resumes_bitwise(tmp_path):
     from test_rl_recipes_extra import straight_and_resumed
 
     def build():
-        return make("grpo", g=4, tree=2, advantage="treepo", agg="token-mean")
+        return make("grpo", g=4, tree=2, advantage="treepo", agg="token-mean", stop=True)
 
     a, b = straight_and_resumed(build, 3, 2, tmp_path / "ckpt")
     assert a[0] == b[0] and a[1] == b[1]
