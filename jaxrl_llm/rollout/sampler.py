@@ -168,6 +168,20 @@ def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Arr
     return jax.lax.while_loop(cond, body, init)
 
 
+UNROLL_MAX_BYTES = 128 * 2**20
+
+
+def resolve_unroll(unroll_layers: bool | str, params: Any, *others: Any, max_bytes: int = UNROLL_MAX_BYTES) -> bool:
+    """The ``unroll_layers`` choice of :class:`Sampler` for these weights: ``"auto"`` unrolls
+    unless the model is float32 and larger than ``max_bytes`` (see :class:`Sampler`)."""
+    if unroll_layers != "auto":
+        return bool(unroll_layers)
+    leaves = [x for x in jax.tree.leaves((params, others)) if hasattr(x, "dtype")]
+    size = sum(x.size * x.dtype.itemsize for x in leaves)
+    all_f32 = all(x.dtype == jnp.float32 for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+    return size <= max_bytes or not all_f32
+
+
 class Sampler:
     """Bucketed, optionally sharded sampler for training loops and evaluation.
 
@@ -203,7 +217,7 @@ class Sampler:
     few points: pass ``True`` / ``False`` to choose.
     """
 
-    UNROLL_MAX_BYTES = 128 * 2**20
+    UNROLL_MAX_BYTES = UNROLL_MAX_BYTES
 
     def __init__(self, graphdef: nnx.GraphDef, config: SamplingConfig, *,
                  length_buckets: Sequence[int] = (32, 64, 128, 256, 512, 1024, 2048),
@@ -222,12 +236,7 @@ class Sampler:
         self.unroll_layers = unroll_layers
 
     def _unroll(self, params: Any, *others: Any) -> bool:
-        if self.unroll_layers != "auto":
-            return bool(self.unroll_layers)
-        leaves = [x for x in jax.tree.leaves((params, others)) if hasattr(x, "dtype")]
-        size = sum(x.size * x.dtype.itemsize for x in leaves)
-        all_f32 = all(x.dtype == jnp.float32 for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
-        return size <= self.UNROLL_MAX_BYTES or not all_f32
+        return resolve_unroll(self.unroll_layers, params, *others, max_bytes=self.UNROLL_MAX_BYTES)
 
     def _rows(self, b: int) -> int:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)

@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.transformer import init_cache, unstack_layers
-from jaxrl_llm.rollout.sampler import _take_rows, decode
+from jaxrl_llm.rollout.sampler import _take_rows, decode, resolve_unroll
 from jaxrl_llm.rollout.sampling import SamplingConfig
 from jaxrl_llm.shapes import bucket, pad_prompts
 
@@ -69,7 +69,10 @@ def tree_widths(finished: int, ended: int, going_on: int, width: int, branch: in
     ``fixed_avg``): with ``finished`` leaves of the prompt so far (``ended`` of them in this
     segment), ``total = max(a, min(width - finished, branch * (ended + a)))`` split evenly, the
     remainder to the last path: the slots of the paths that ended pass to the others."""
-    if going_on <= 0:
+    if min(finished, ended, going_on) < 0 or ended > finished or width < 1 or branch < 1:
+        raise ValueError(f"tree_widths: counts must be >= 0 with ended <= finished, width and branch >= 1; got "
+                         f"finished={finished}, ended={ended}, going_on={going_on}, width={width}, branch={branch}")
+    if going_on == 0:
         return []
     total = max(going_on, min(max(width - finished, 0), branch * (ended + going_on)))
     each = [total // going_on] * going_on
@@ -129,13 +132,12 @@ class TreeSampler:
             raise ValueError(f"TreeSampler: segment must be an int >= 1, got {segment!r}")
         if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
             raise ValueError(f"TreeSampler: branch must be an int >= 1, got {branch!r}")
-        from jaxrl_llm.rollout.sampler import Sampler
-
+        if unroll_layers not in (True, False, "auto"):
+            raise ValueError(f"TreeSampler: unroll_layers must be True, False or 'auto', got {unroll_layers!r}")
         self.graphdef, self.config, self.segment, self.branch = graphdef, config, segment, branch
         self.depth = math.ceil(config.max_new_tokens / segment)
         self.length_buckets = tuple(sorted(length_buckets))
         self.unroll_layers = unroll_layers
-        self._unroll = Sampler(graphdef, config, unroll_layers=unroll_layers)._unroll
         self.compiled_shapes: set[tuple[int, int]] = set()
         self.last_stats: dict[str, float] = {}
 
@@ -151,7 +153,7 @@ class TreeSampler:
         b, t = len(prompts), cfg.max_new_tokens
         length = bucket(max(len(p) for p in prompts), self.length_buckets)
         tokens, mask = pad_prompts(prompts, length, b, cfg.pad_token_id)
-        unroll = self._unroll(params, *others)
+        unroll = resolve_unroll(self.unroll_layers, params, *others)
         root_logits, root_cache = _prefill(self.graphdef, params, tokens, mask, length + self.depth * s, *others,
                                            unroll_layers=unroll)
         nodes: list[_Node] = []
@@ -230,7 +232,8 @@ class TreeSampler:
         stopped = np.zeros(n, bool)
         paths = np.full((n, max(self.depth, 1)), -1, np.int32)
         for p in range(b):
-            assert len(by_prompt[p]) == w, (p, len(by_prompt[p]))
+            if len(by_prompt[p]) != w:  # the width rule and the fallback give every prompt exactly G leaves
+                raise RuntimeError(f"TreeSampler: prompt {p} has {len(by_prompt[p])} leaves, not {w}")
             for j, (leaf, stop) in enumerate(by_prompt[p]):
                 chain = []
                 node = leaf

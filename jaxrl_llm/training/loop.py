@@ -144,6 +144,16 @@ def _put_rows(base, rows: np.ndarray, new) -> np.ndarray:
     return out
 
 
+def _put_result(roll, out: RewardOutput, rows: np.ndarray, sub, sub_out: RewardOutput):
+    """``(roll, out)`` with rows ``rows`` replaced by the rows of ``(sub, sub_out)``, in order."""
+    roll = roll._replace(**{f: _put_rows(getattr(roll, f), rows, getattr(sub, f))
+                            for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
+    out = RewardOutput(_put_rows(out.total, rows, sub_out.total),
+                       {k: _put_rows(v, rows, sub_out.per_fn[k]) for k, v in out.per_fn.items()},
+                       {k: _put_rows(v, rows, sub_out.failed[k]) for k, v in out.failed.items()}, out.metrics)
+    return roll, out
+
+
 def _subset(batch: PromptBatch, idx) -> PromptBatch:
     """The prompts ``idx`` of a batch, in that order."""
     return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
@@ -686,39 +696,28 @@ class RLTrainer(HostLoop):
         if part.part.flag("levels"):
             return self._hint_levels(batch, roll, out, params, key)
         plain = trains_in_plain_context(part)
-        g = self.recipe.num_samples
         raw = tuple(batch.raw_prompts)
         ids, texts = list(batch.prompt_ids), list(batch.prompts)
         hinted: set[int] = set()
-        longest = max(self.sampler.length_buckets)
         too_long = 0
         for stage in range(64):
             x = HintInputs(metric_values(out.total, out.per_fn, dict(part.kwargs).get("metric"), "recipe.hints"),
                            np.asarray(roll.prompt_index), batch.columns, raw, frozenset(hinted), stage, self.iteration)
             todo = {}
             for grp, hint_raw in part(x).items():
-                enc = self.prompt_encoder(hint_raw)
-                if len(enc[0]) > longest:  # the hinted prompt does not fit the sampler's buckets: not hinted
+                enc = self._encode_fitting(hint_raw)
+                if enc is None:  # the hinted prompt does not fit the sampler's buckets: not hinted
                     too_long += 1
                     continue
                 todo[int(grp)] = enc
             if not todo:
                 break
             groups = sorted(todo)
-            pad = [todo[k][0] for k in groups]
-            pad += [pad[0]] * (len(batch) - len(pad))  # the round's shape: no new compilation
-            sub = self.sampler(params, pad, jax.random.fold_in(key, 0x41C7 + stage), *self.frozen)
-            sub = type(sub)(*(np.asarray(v)[:len(groups) * g] for v in sub))
-            sub = sub._replace(prompt_index=np.repeat(np.arange(len(groups)), g).astype(np.int32))
-            sub_out = self.score([todo[k][1] for k in groups], {c: [list(v)[k] for k in groups]
-                                                                 for c, v in batch.columns.items()}, sub)
+            sub, sub_out = self._sample_hinted(params, [todo[k] for k in groups], groups, batch,
+                                               jax.random.fold_in(key, 0x41C7 + stage), self.recipe.num_samples)
             pidx = np.asarray(roll.prompt_index)
             rows = np.concatenate([np.flatnonzero(pidx == k) for k in groups])
-            roll = roll._replace(**{f: _put_rows(getattr(roll, f), rows, getattr(sub, f))
-                                    for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
-            out = RewardOutput(_put_rows(out.total, rows, sub_out.total),
-                               {k: _put_rows(v, rows, sub_out.per_fn[k]) for k, v in out.per_fn.items()},
-                               {k: _put_rows(v, rows, sub_out.failed[k]) for k, v in out.failed.items()}, out.metrics)
+            roll, out = _put_result(roll, out, rows, sub, sub_out)
             if not plain:
                 for k in groups:
                     ids[k], texts[k] = todo[k]
@@ -734,50 +733,61 @@ class RLTrainer(HostLoop):
         return (PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where)), roll, out,
                 frozenset(hinted))
 
+    def _encode_fitting(self, raw):
+        """A hinted raw prompt as ``(token ids, text)``, or ``None`` if it is longer than the
+        sampler's largest prompt bucket."""
+        enc = self.prompt_encoder(raw)
+        return None if len(enc[0]) > max(self.sampler.length_buckets) else enc
+
+    def _sample_hinted(self, params, encs: list, groups: list, batch, key: jax.Array, per_prompt: int):
+        """``(rollout, rewards)`` of ``per_prompt`` responses (``<= num_samples``) to each encoded
+        prompt, sampled in the round's shape (padded to its batch size: no new compilation) and
+        scored with the data columns of its group in ``groups``."""
+        g = self.recipe.num_samples
+        pad = [e[0] for e in encs]
+        pad += [pad[0]] * (len(batch) - len(pad))
+        sub = self.sampler(params, pad, key, *self.frozen)
+        take = (np.arange(len(encs))[:, None] * g + np.arange(per_prompt)[None]).ravel()
+        sub = type(sub)(*(np.asarray(v)[take] for v in sub))._replace(
+            prompt_index=np.repeat(np.arange(len(encs)), per_prompt).astype(np.int32))
+        sub_out = self.score([e[1] for e in encs], {c: [list(v)[k] for k in groups] for c, v in batch.columns.items()},
+                             sub)
+        return sub, sub_out
+
     def _hint_levels(self, batch, roll, out, params, key: jax.Array):
         """A levels hint part (Scaf-GRPO) on one scored round: one response per hint level of
-        each group the part names (sampled in the round's shape, the first of each prompt's
-        rows), and the mildest level's success (outcome ``> 0``) in the group's first row,
-        trained after the plain prompt."""
+        each group the part names (the first of each prompt's rows), and the mildest level's
+        success (outcome ``> 0``) in the group's first row, trained after the plain prompt."""
         part = self.recipe.hints
-        g = self.recipe.num_samples
         metric = dict(part.kwargs).get("metric")
         pidx = np.asarray(roll.prompt_index)
         x = HintInputs(metric_values(out.total, out.per_fn, metric, "recipe.hints"), pidx, batch.columns,
                        tuple(batch.raw_prompts), frozenset(), 0, self.iteration)
-        longest = max(self.sampler.length_buckets)
         items, too_long = [], 0
         asked = part(x)
         for grp, levels in asked.items():
             for lv, raw in enumerate(levels):
-                enc = self.prompt_encoder(raw)
-                if len(enc[0]) > longest:  # does not fit the sampler's buckets: not tried
+                enc = self._encode_fitting(raw)
+                if enc is None:  # does not fit the sampler's buckets: not tried
                     too_long += 1
                     continue
                 items.append((int(grp), lv, enc))
         best: dict[int, tuple[int, Any, Any, int]] = {}  # group -> (level, sub rollout, sub rewards, row)
         for c0 in range(0, len(items), len(batch)):
             chunk = items[c0:c0 + len(batch)]
-            pad = [e[2][0] for e in chunk]
-            pad += [pad[0]] * (len(batch) - len(pad))  # the round's shape: no new compilation
-            sub = self.sampler(params, pad, jax.random.fold_in(key, 0x5CAF + c0), *self.frozen)
-            take = np.arange(len(chunk)) * g  # one response per level
-            sub = type(sub)(*(np.asarray(v)[take] for v in sub))._replace(
-                prompt_index=np.arange(len(chunk), dtype=np.int32))
-            sub_out = self.score([e[2][1] for e in chunk], {c: [list(v)[e[0]] for e in chunk]
-                                                             for c, v in batch.columns.items()}, sub)
+            sub, sub_out = self._sample_hinted(params, [e[2] for e in chunk], [e[0] for e in chunk], batch,
+                                               jax.random.fold_in(key, 0x5CAF + c0), 1)
             ok = metric_values(sub_out.total, sub_out.per_fn, metric, "recipe.hints") > 0
             for j, (grp, lv, _) in enumerate(chunk):
                 if ok[j] and (grp not in best or lv < best[grp][0]):
                     best[grp] = (lv, sub, sub_out, j)
         for grp, (lv, sub, sub_out, j) in best.items():
-            row = np.flatnonzero(pidx == grp)[:1]
-            roll = roll._replace(**{f: _put_rows(getattr(roll, f), row, np.asarray(getattr(sub, f))[[j]])
-                                    for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
-            out = RewardOutput(_put_rows(out.total, row, np.asarray(sub_out.total)[[j]]),
-                               {k: _put_rows(v, row, np.asarray(sub_out.per_fn[k])[[j]]) for k, v in out.per_fn.items()},
-                               {k: _put_rows(v, row, np.asarray(sub_out.failed[k])[[j]]) for k, v in out.failed.items()},
-                               out.metrics)
+            one = type(sub)(*(np.asarray(v)[[j]] for v in sub))
+            roll, out = _put_result(roll, out, np.flatnonzero(pidx == grp)[:1], one,
+                                    RewardOutput(np.asarray(sub_out.total)[[j]],
+                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.per_fn.items()},
+                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.failed.items()},
+                                                 sub_out.metrics))
         hm = self._hint_metrics
         hm["hints/groups"] = hm.get("hints/groups", 0.0) + len(asked)
         hm["hints/levels_sampled"] = hm.get("hints/levels_sampled", 0.0) + len(items)

@@ -419,10 +419,10 @@ def _tree_prefix_ids(tr, step: StepBatch) -> None:
     out = np.full((n, d + 1), -1, np.int32)
     out[:, 0] = gid
     for col in range(d):
-        node = paths[:, col]
-        seen: dict[tuple[int, int], int] = {}
-        for i in np.flatnonzero(node >= 0):
-            out[i, col + 1] = seen.setdefault((int(gid[i]), int(node[i])), len(seen))
+        rows = np.flatnonzero(paths[:, col] >= 0)
+        if rows.size:  # dense ids of the (group, node) pairs
+            _, dense = np.unique(np.stack([gid[rows], paths[rows, col]], 1), axis=0, return_inverse=True)
+            out[rows, col + 1] = dense.ravel()
     step.inputs["tree_prefix_ids"] = out
     present = out[:, 1:] >= 0
     step.metrics["tree/depth_mean"] = float(present.sum(1)[step.valid].mean()) if step.valid.any() else 0.0

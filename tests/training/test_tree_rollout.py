@@ -22,6 +22,8 @@ def test_width_rule_by_hand():
     assert tree_widths(6, 0, 2, 8, 2) == [1, 1]  # the width is used up: one child each
     assert tree_widths(7, 0, 1, 8, 2) == [1]  # a path always goes on
     assert tree_widths(0, 0, 0, 8, 2) == []
+    with pytest.raises(ValueError, match="ended <= finished"):
+        tree_widths(0, 1, 2, 8, 2)
 
 
 def _teacher_forced(tr, params, prompts, r, p_len=8):
