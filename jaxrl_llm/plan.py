@@ -83,6 +83,9 @@ class PlanSpec:
         ``peak_tflops`` and ``hbm_gbs`` are given.
       objective: the train step's objective (``None``: GRPO's); its ``batch_keys`` shape the
         planned batch (a KL term adds the reference log-probs).
+      critic: also plan PPO's critic: a copy of the model with a one-output score head, its own
+        optimiser state and its own train step (``critic_objective``, default PPO's clipped value
+        loss) on the same rows. Each model's state stays resident while the other one's step runs.
     """
 
     model: Any = "smollm2-135m"
@@ -104,6 +107,8 @@ class PlanSpec:
     hbm_gbs: float | None = None
     hbm_gib: float | None = None
     objective: Any = None
+    critic: bool = False
+    critic_objective: Any = None
 
     def model_config(self):
         from jaxrl_llm.models import ModelConfig, preset
@@ -174,42 +179,22 @@ def _memory(compiled) -> dict:
     return out
 
 
-def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) -> dict:
-    """Lower and compile the train step (and the sampler) for ``spec``; return the report
-    (a JSON-able dict, byte counts per device). ``devices``: the devices to build the mesh
-    on (default: the first ``prod(mesh)`` of ``jax.devices()``). With ``return_compiled``,
-    the compiled step and its abstract arguments are added under ``"_compiled"``."""
+def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, mesh: Any):
+    """Lower and compile one train step of ``objective`` on abstract ``params`` (``spec.rows`` x
+    ``spec.seq_len``, the objective's batch keys); returns ``(compiled, state shardings, batch
+    shardings, report)`` with per-device bytes."""
     import jax
     import jax.numpy as jnp
-    import optax
-    from flax import nnx
 
-    from jaxrl_llm.models import Transformer
-    from jaxrl_llm.models.transformer import init_cache
-    from jaxrl_llm.parallel import logical_sharding, make_mesh, state_shardings
-    from jaxrl_llm.rollout import SamplingConfig, generate
-    from jaxrl_llm.training import TrainState, make_train_step, recipe, train_state_shardings
+    from jaxrl_llm.parallel import logical_sharding
+    from jaxrl_llm.training import TrainState, make_train_step, train_state_shardings
 
-    check_spec(spec)
-    cfg = spec.model_config()
-    n_dev = math.prod(spec.mesh)
-    pool = list(jax.devices() if devices is None else devices)
-    if len(pool) < n_dev:
-        raise ValueError(f"mesh {spec.mesh} needs {n_dev} devices; {len(pool)} available "
-                         "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
-    mesh = make_mesh(spec.mesh, devices=pool[:n_dev])
     t0 = time.perf_counter()
-
-    abstract_model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    gd, params = nnx.split(abstract_model)
-    opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
     sds = jax.ShapeDtypeStruct
     state = TrainState(params, jax.eval_shape(opt.init, params), sds((), jnp.int32), sds((2,), jnp.uint32),
                        sds((), jnp.int32))
     st_sh = train_state_shardings(opt, state, mesh)
     B, L = spec.rows, spec.seq_len
-    objective = spec.objective or recipe("grpo", num_samples=max(spec.num_samples, 2)).objective
     batch = {}
     for k in objective.batch_keys():
         if k in ("tokens", "mask"):
@@ -227,15 +212,50 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
                              {k: sds(v.shape, v.dtype, sharding=b_sh[k]) for k, v in batch.items()})
     t_lower = time.perf_counter() - t0
     compiled = lowered.compile()
-    t_compile = time.perf_counter() - t0 - t_lower
+    report = {"params": _shard_bytes(params, st_sh.params), "opt_state": _shard_bytes(state.opt_state, st_sh.opt_state),
+              "batch": _shard_bytes(batch, b_sh), **{f"compiled_{k}": v for k, v in _memory(compiled).items()},
+              **_cost(compiled), "_lower_s": t_lower, "_compile_s": time.perf_counter() - t0 - t_lower}
+    return compiled, st_sh, b_sh, report
+
+
+def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) -> dict:
+    """Lower and compile the train step (and the sampler) for ``spec``; return the report
+    (a JSON-able dict, byte counts per device). ``devices``: the devices to build the mesh
+    on (default: the first ``prod(mesh)`` of ``jax.devices()``). With ``return_compiled``,
+    the compiled step and its abstract arguments are added under ``"_compiled"``."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxrl_llm.models import Transformer
+    from jaxrl_llm.models.transformer import init_cache
+    from jaxrl_llm.parallel import logical_sharding, make_mesh, state_shardings
+    from jaxrl_llm.rollout import SamplingConfig, generate
+    from jaxrl_llm.training import recipe
+
+    check_spec(spec)
+    cfg = spec.model_config()
+    n_dev = math.prod(spec.mesh)
+    pool = list(jax.devices() if devices is None else devices)
+    if len(pool) < n_dev:
+        raise ValueError(f"mesh {spec.mesh} needs {n_dev} devices; {len(pool)} available "
+                         "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
+    mesh = make_mesh(spec.mesh, devices=pool[:n_dev])
+    t0 = time.perf_counter()
+
+    gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
+    sds = jax.ShapeDtypeStruct
+    B, L = spec.rows, spec.seq_len
+    objective = spec.objective or recipe("grpo", num_samples=max(spec.num_samples, 2)).objective
+    compiled, st_sh, b_sh, train = _plan_step(gd, params, opt, objective, spec, mesh)
+    t_lower, t_compile = train.pop("_lower_s"), train.pop("_compile_s")
 
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     train = {
-        "params": _shard_bytes(params, st_sh.params),
-        "opt_state": _shard_bytes(state.opt_state, st_sh.opt_state),
-        "batch": _shard_bytes(batch, b_sh),
-        **{f"compiled_{k}": v for k, v in _memory(compiled).items()},
-        **_cost(compiled),
+        **train,
         "flops_6nd_per_device": 6.0 * n_params * B * L / n_dev,
         # + causal attention (QK^T and AV, half the square), forward and backward
         "flops_model_per_device": (6.0 * n_params * B * L + 3 * 2 * 2 * cfg.num_layers * B * L * L / 2
@@ -246,6 +266,19 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     train["reference"] = ref if spec.reference == "device" else 0  # device memory, beside the step's own
     train["reference_host"] = ref if spec.reference == "host" else 0
     train["peak_with_reference"] = train["compiled_peak"] + train["reference"]
+    critic = None
+    if spec.critic:
+        from jaxrl_llm.training.objectives import ValueObjective
+
+        cgd, cparams = nnx.split(nnx.eval_shape(
+            lambda: Transformer(cfg.replace(num_labels=1), rngs=nnx.Rngs(0), head="score")))
+        _, _, _, critic = _plan_step(cgd, cparams, opt, spec.critic_objective or ValueObjective(), spec, mesh)
+        critic = {k: v for k, v in critic.items() if not k.startswith("_")}
+        resident = {"policy": train["params"] + train["opt_state"], "critic": critic["params"] + critic["opt_state"]}
+        # the critic's state is resident through the policy's step and the policy's through the critic's
+        critic["peak_policy_step"] = train["compiled_peak"] + resident["critic"] + train["reference"]
+        critic["peak_critic_step"] = critic["compiled_peak"] + resident["policy"] + train["reference"]
+        critic["peak_with_critic"] = max(critic["peak_policy_step"], critic["peak_critic_step"])
     report: dict[str, Any] = {
         "model": spec.model if isinstance(spec.model, str) else "custom", "n_params": int(n_params),
         "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat,
@@ -255,6 +288,8 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         "lora": cfg.lora is not None,
         "train_step": train,
     }
+    if critic is not None:
+        report["critic_step"] = critic
     if return_compiled:
         report["_compiled"] = (compiled, st_sh, b_sh, mesh, gd, opt, objective)
 
@@ -334,6 +369,12 @@ def format_plan(r: dict) -> str:
                   f"| **peak with the reference** | **{_gib(t['peak_with_reference'])}** |"]
     elif t.get("reference_host"):
         lines += [f"| reference policy in host memory (not in the peak) | {_gib(t['reference_host'])} |"]
+    if "critic_step" in r:
+        c = r["critic_step"]
+        lines += [f"| critic: params + optimiser state | {_gib(c['params'] + c['opt_state'])} |",
+                  f"| critic step: temporaries (compiler) | {_gib(c['compiled_temp'])} |",
+                  f"| **peak with the critic** (the larger of the policy's and the critic's step, the other "
+                  f"model resident) | **{_gib(c['peak_with_critic'])}** |"]
     lines += ["",
               f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x params x tokens + "
               f"attention; the compiler's count, {t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
@@ -370,9 +411,9 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     (``prompts_per_step * num_samples / recipe.num_minibatches``) of the largest prompt bucket
     plus ``max_new_tokens``, the micro-batches, the sampler's batch, the recipe's objective and
     its reference policy (resident, or in host memory with ``model.offload_reference``).
-    ``overrides``: PlanSpec fields (``chip``, ``hbm_gib``, ...). Not planned: a PPO recipe's critic
-    (a second model with its own optimiser state) and LoRA's smaller optimiser state (the plan
-    counts every parameter as trained)."""
+    A PPO recipe's critic is planned with it (``critic``, the recipe's value objective).
+    ``overrides``: PlanSpec fields (``chip``, ``hbm_gib``, ...). Not planned: LoRA's smaller
+    optimiser state (the plan counts every parameter as trained)."""
     from jaxrl_llm.training.loading import model_config
     from jaxrl_llm.training.runner import rl_recipe
 
@@ -387,5 +428,6 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
                   rows=rows // rec.num_minibatches, seq_len=prompt_len + ro.max_new_tokens,
                   num_microbatches=cfg.optim.num_microbatches, prompts=ro.prompts_per_step,
                   num_samples=ro.num_samples, prompt_len=prompt_len, new_tokens=ro.max_new_tokens,
-                  reference=reference, objective=rec.objective)
+                  reference=reference, objective=rec.objective, critic=rec.needs_critic,
+                  critic_objective=rec.value_objective if rec.needs_critic else None)
     return PlanSpec(**{**fields, **overrides})

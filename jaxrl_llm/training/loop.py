@@ -1134,11 +1134,24 @@ class RLTrainer(HostLoop):
 
     @staticmethod
     def _advantage_metrics(step: StepBatch) -> dict[str, float]:
-        """Mean and standard deviation of the advantages over the trained response tokens."""
+        """Mean and standard deviation of the advantages over the trained response tokens, and the
+        mean length of the responses whose mean advantage is negative / positive (the responses
+        the update pushes down / up: Dr.GRPO's length bias shows in the first), and the fraction
+        of trained responses whose advantage is 0 on every token (no gradient from the policy
+        term: GRPO's groups without a reward spread)."""
         adv = step.arrays["advantages"][:, step.prompt_len - 1:]
         cmask = step.completion_mask
-        return {"advantages/mean": float(adv[cmask].mean()) if cmask.any() else 0.0,
-                "advantages/std": float(adv[cmask].std()) if cmask.any() else 0.0}
+        out = {"advantages/mean": float(adv[cmask].mean()) if cmask.any() else 0.0,
+               "advantages/std": float(adv[cmask].std()) if cmask.any() else 0.0}
+        lens = cmask.sum(1)
+        row_adv = np.where(cmask, adv, 0.0).sum(1) / np.maximum(lens, 1)
+        if (lens > 0).any():
+            zero = ~np.any(cmask & (np.abs(adv) > 0), axis=1)
+            out["advantages/zero_frac"] = float(zero[lens > 0].mean())
+        for name, rows in (("neg_adv", (lens > 0) & (row_adv < 0)), ("pos_adv", (lens > 0) & (row_adv > 0))):
+            if rows.any():
+                out[f"response/length_mean_{name}"] = float(lens[rows].mean())
+        return out
 
     def last_samples(self, n: int = 4) -> list[dict]:
         """Up to ``n`` rows of the last train batch, one per group first: ``prompt``,

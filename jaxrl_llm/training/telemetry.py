@@ -388,3 +388,22 @@ class Telemetry:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_metrics(out_dir: str | Path, key: str) -> list[dict]:
+    """The lines of ``out_dir/metrics.jsonl`` that carry ``key``, one per step in step order; a
+    step logged twice (a run resumed from a checkpoint before that step re-logs it) keeps its last
+    line. A line that is not JSON raises with the file and line number."""
+    path = Path(out_dir) / "metrics.jsonl"
+    by_step: dict[int, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+            if key in row:
+                by_step[int(row["step"])] = row
+    return [by_step[s] for s in sorted(by_step)]

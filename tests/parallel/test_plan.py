@@ -97,3 +97,27 @@ def test_plan_spec_names_the_bad_field():
         plan(PlanSpec(model="tiny", reference="gpu"))
     with pytest.raises(ValueError, match="needs 4 devices"):
         plan(PlanSpec(model="tiny", mesh=(4, 1, 1), rows=4), devices=[object()])
+
+
+def test_plan_of_a_ppo_run_includes_the_critic():
+    """A PPO recipe's plan compiles the critic's step too: a score-head copy of the model with its own
+    AdamW state; each model's state counts as resident during the other's step."""
+    from jaxrl_llm.cli import load_experiment
+    from jaxrl_llm.config import apply_overrides
+    from jaxrl_llm.plan import plan, plan_spec_of
+
+    root = Path(__file__).resolve().parents[2]
+    base = load_experiment(root / "experiments" / "tiny_grpo.py").default
+    assert plan_spec_of(base).critic is False
+    spec = plan_spec_of(apply_overrides(base, ["recipe.name=ppo"]), prompts=0, rows=4, seq_len=16)
+    assert spec.critic is True
+    ppo = plan(spec)
+    c, t = ppo["critic_step"], ppo["train_step"]
+    cfg = spec.model_config()
+    # the critic swaps the LM head (when untied) for a one-output score head; float32 bytes
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size
+    assert c["params"] == t["params"] - 4 * head + 4 * cfg.hidden_size
+    assert c["opt_state"] >= 2 * c["params"]  # AdamW's two moments
+    assert c["peak_policy_step"] == t["compiled_peak"] + c["params"] + c["opt_state"]
+    assert c["peak_critic_step"] == c["compiled_peak"] + t["params"] + t["opt_state"]
+    assert c["peak_with_critic"] == max(c["peak_policy_step"], c["peak_critic_step"]) > t["compiled_peak"]
