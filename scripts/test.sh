@@ -2,7 +2,7 @@
 # README command 2: set everything up and run the test suite (CI runs exactly this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=dev,peers,plot,agents,tasks,textarena,verifiers,openenv bash scripts/setup.sh
+EXTRAS=dev,peers,plot,notebooks,agents,tasks,textarena,verifiers,openenv bash scripts/setup.sh
 bash scripts/setup_peers.sh
 # two workers: most tests are bound by single-threaded XLA compilation, so one process leaves
 # a core idle; --dist loadfile keeps each file (and its module fixtures) on one worker
