@@ -20,8 +20,10 @@ _spec.loader.exec_module(run_notebooks)
 
 # fast modes that train or compile several steps run with -m slow (suite time); their code paths are
 # the default tests': the agent runner (agents_gigpo), the RL runner and its recipes (dapo_clip_higher,
-# dr_grpo_length_bias, spo_single_stream, knapsack), the planner with a critic (remax), the samplers (treepo)
-SLOW = {"agents_gigpo", "dapo_clip_higher", "dr_grpo_length_bias", "spo_single_stream", "knapsack", "remax", "treepo"}
+# dr_grpo_length_bias, spo_single_stream, knapsack, the 01 tutorial's SFT then GRPO), the planner with a
+# critic (remax), the samplers (treepo)
+SLOW = {"agents_gigpo", "dapo_clip_higher", "dr_grpo_length_bias", "spo_single_stream", "knapsack", "remax", "treepo",
+        "01_tiny_sft_then_grpo"}
 
 
 def test_there_are_notebooks():
