@@ -243,7 +243,6 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
                          "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
     mesh = make_mesh(spec.mesh, devices=pool[:n_dev])
-    t0 = time.perf_counter()
 
     gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
