@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jaxrl_llm.core import _checks
 from jaxrl_llm.parallel.sharding import constrain
 
-__all__ = ["token_logprobs", "sequence_logprobs"]
+__all__ = ["token_logprobs", "sequence_logprobs", "shared_prefix_logprobs"]
 
 
 def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
@@ -125,3 +125,40 @@ def sequence_logprobs(model, tokens: jax.Array, mask: jax.Array, *, chunk_size: 
     hidden, _ = model(tokens, mask, positions=positions, segment_ids=segment_ids)
     return token_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size=chunk_size,
                           temperature=temperature, with_entropy=with_entropy)
+
+
+def shared_prefix_logprobs(model, tokens: jax.Array, mask: jax.Array, prompt_len: int, rows_per_prompt: int, *,
+                           chunk_size: int = 128, temperature: float = 1.0, with_entropy: bool = True
+                           ) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`sequence_logprobs` of rows that share their prompts, encoding each prompt once.
+
+    ``tokens [N, P + T]``: consecutive blocks of ``rows_per_prompt`` rows hold the same
+    (left-padded) prompt in their first ``P = prompt_len`` columns, followed by each row's own
+    completion (the RL batch layout). The prompts are encoded once per block
+    (:meth:`~jaxrl_llm.models.transformer.Transformer.encode_prefix`), the completions attend
+    to their prompt's keys/values (Prefix Grouper, arXiv 2506.05433), and log-probs are
+    computed for the completion targets only: entry ``t`` of the ``[N, P + T - 1]`` result is
+    the log-prob of ``tokens[:, t + 1]`` for ``t >= P - 1``, and 0 over the prompt's own
+    targets (``t < P - 1``, which an RL loss masks). On those completion targets the values and
+    the gradients equal :func:`sequence_logprobs`'s up to float rounding, for ``P * (r - 1)``
+    fewer token positions through every layer and ``(P - 1) * N`` fewer through the output
+    projection. Nothing checks that the prompts of a block are equal: that is the caller's
+    contract (the RL loop checks it on the host).
+    """
+    n, length = tokens.shape
+    r, p = int(rows_per_prompt), int(prompt_len)
+    if r < 1 or n % r:
+        raise ValueError(f"rows_per_prompt={r} must be >= 1 and divide the {n} rows")
+    if not 1 <= p < length:
+        raise ValueError(f"prompt_len={p} must be in [1, {length}) (the tokens have {length} columns)")
+    u = n // r
+    mask = mask.astype(bool)
+    hp, prefix = model.encode_prefix(tokens.reshape(u, r, length)[:, 0, :p], mask.reshape(u, r, length)[:, 0, :p])
+    hs, _ = model(tokens[:, p:], mask[:, p:], prefix=prefix)
+    # the completion's first token is predicted from the prompt's last position (shared per block)
+    h = jnp.concatenate([jnp.repeat(hp[:, -1:], r, axis=0), hs[:, :-1]], axis=1)
+    lp, ent = token_logprobs(h, model.unembedding(), tokens[:, p:], chunk_size=chunk_size, temperature=temperature,
+                             with_entropy=with_entropy)
+    pad = jnp.zeros((n, p - 1), jnp.float32)
+    return (jnp.concatenate([pad, lp], axis=1),
+            jnp.concatenate([pad, ent], axis=1) if with_entropy else None)

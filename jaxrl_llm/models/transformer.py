@@ -43,6 +43,7 @@ from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, state_sharding
 __all__ = [
     "LoRAParam",
     "KVCache",
+    "SharedPrefix",
     "Transformer",
     "init_cache",
     "unstack_layers",
@@ -74,6 +75,23 @@ class KVCache(NamedTuple):
     valid: jax.Array  # [B, S] bool: slot holds a real (non-padding) token
     index: jax.Array  # [] int32: next slot to write
     next_position: jax.Array  # [B] int32: rope position of the next real token of each row
+
+
+class SharedPrefix(NamedTuple):
+    """Every layer's keys/values of ``U`` prompts, each shared by ``r`` rows of a batch
+    (:meth:`Transformer.encode_prefix`; the Prefix Grouper layout, arXiv 2506.05433).
+
+    A call ``model(suffix_tokens [U * r, T], suffix_mask, prefix=prefix)`` runs only the
+    suffixes: row ``i`` continues prompt ``i // r``, its queries attend to that prompt's keys
+    (read once per prompt, never copied per row) and causally to its own suffix, at the slots
+    and rope positions the concatenated sequence would have. Gradients flow back into the
+    prompt's keys and values, so a loss on the suffixes trains the prompt positions too.
+    """
+
+    k: jax.Array  # [L, U, K, Dh, P]
+    v: jax.Array  # [L, U, K, P, Dh]
+    valid: jax.Array  # [U, P] bool: real prompt tokens
+    next_position: jax.Array  # [U] int32: rope position of the first suffix token
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = None,
@@ -253,7 +271,9 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
       parts: sequence of ``(k, v, k_slot, k_valid, k_seg)`` with keys transposed,
         ``k: [B, K, Dh, S]``, and ``v: [B, K, S, Dh]``,
         ``k_slot: [S]`` slot indices (causal: ``k_slot <= q_slot``), ``k_valid: [B, S]`` real
-        tokens, ``k_seg: [B, S]`` segment ids or None.
+        tokens, ``k_seg: [B, S]`` segment ids or None. A sixth entry ``r > 1`` marks keys
+        shared by ``r`` consecutive query rows (a shared prefix): ``k``, ``v`` and ``k_valid``
+        then have ``B / r`` rows, and query row ``i`` reads key row ``i // r`` (never copied).
       q_slot: ``[T]`` slot index of each query.
       window: scalar int, 0 = none; else keys with ``k_slot <= q_slot - window`` are hidden
         (HF's ``sliding_window`` convention). q_seg: ``[B, T]`` segment ids or None.
@@ -268,8 +288,15 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
     scale = dh ** -0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, dh)
     scores, sizes = [], []
-    for k, _, k_slot, k_valid, k_seg in parts:
-        sc = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
+    for part in parts:
+        k, _, k_slot, k_valid, k_seg = part[:5]
+        r = part[5] if len(part) > 5 else 1
+        if r == 1:
+            sc = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
+        else:  # one key row per r query rows: the queries of those rows meet it in one product
+            sc = jnp.einsum("urkqd,ukds->urkqs", qg.reshape(b // r, r, kh, g * t, dh), k,
+                            preferred_element_type=jnp.float32).reshape(b, kh, g * t, -1) * scale
+            k_valid = jnp.repeat(k_valid, r, axis=0)
         allowed = (k_slot[None, None, :] <= q_slot[None, :, None]) & k_valid[:, None, :]  # [B, T, S]
         if window is not None:
             win = jnp.asarray(window)
@@ -281,9 +308,14 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
         sizes.append(k.shape[3])
     p = jax.nn.softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0], axis=-1)
     out, start = None, 0
-    for (_, v, *_), size in zip(parts, sizes):
-        pv = jnp.einsum("bkqs,bksd->bkqd", p[..., start:start + size].astype(v.dtype), v,
-                        preferred_element_type=jnp.float32)
+    for part, size in zip(parts, sizes):
+        v, r = part[1], (part[5] if len(part) > 5 else 1)
+        ps = p[..., start:start + size].astype(v.dtype)
+        if r == 1:
+            pv = jnp.einsum("bkqs,bksd->bkqd", ps, v, preferred_element_type=jnp.float32)
+        else:
+            pv = jnp.einsum("urkqs,uksd->urkqd", ps.reshape(b // r, r, kh, g * t, size), v,
+                            preferred_element_type=jnp.float32).reshape(b, kh, g * t, dh)
         out = pv if out is None else out + pv
         start += size
     return out.reshape(b, kh, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(parts[0][1].dtype)
@@ -363,9 +395,18 @@ class Transformer(nnx.Module):
                           rngs=rngs) if head == "score" else None
 
     # ------------------------------------------------------------------ forward
+    def encode_prefix(self, tokens, mask=None) -> tuple[jax.Array, SharedPrefix]:
+        """Final-norm hidden states ``[U, P, D]`` of ``U`` (left-padded) prompts and their
+        :class:`SharedPrefix` (every layer's keys/values), for ``model(suffix, prefix=...)``."""
+        return self(tokens, mask, _collect_prefix=True)
+
     def __call__(self, tokens, mask=None, positions=None, segment_ids=None, cache: KVCache | None = None,
-                 layers: Sequence[Any] | None = None):
+                 layers: Sequence[Any] | None = None, prefix: SharedPrefix | None = None,
+                 _collect_prefix: bool = False):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache.
+
+        ``prefix``: the rows continue shared prompts (:class:`SharedPrefix`, ``B`` a multiple of
+        its ``U`` prompts); the second return value is then ``None``.
 
         ``layers``: per-layer block states (:func:`unstack_layers`) to run the layers as an
         unrolled Python loop over separate buffers instead of the scan over the stacked
@@ -383,8 +424,18 @@ class Transformer(nnx.Module):
             raise ValueError(f"argument 'mask' must have shape {(b, t)} (tokens'), got {mask.shape}")
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
+        if prefix is not None:
+            if cache is not None or segment_ids is not None or layers is not None:
+                raise ValueError("prefix= (shared prompts) cannot be combined with cache=, segment_ids= or layers=")
+            n_pre = prefix.valid.shape[0]
+            if b % n_pre:
+                raise ValueError(f"prefix= holds {n_pre} prompts, which must divide the {b} rows of 'tokens'")
+            rows_per_prefix = b // n_pre
         if positions is None:
-            if cache is not None:
+            if prefix is not None:
+                positions = (jnp.repeat(prefix.next_position, rows_per_prefix)[:, None]
+                             + positions_from_mask(mask) * mask)
+            elif cache is not None:
                 positions = cache.next_position[:, None] + positions_from_mask(mask) * mask
             elif segment_ids is not None:
                 positions = positions_from_segments(segment_ids)
@@ -405,7 +456,10 @@ class Transformer(nnx.Module):
         slots = jnp.arange(t)
         seg = None if segment_ids is None else jnp.asarray(segment_ids)
         attn_kw = dict(q_seg=seg)
-        if cache is None:
+        if prefix is not None:
+            p_len = prefix.valid.shape[1]
+            attn_kw["q_slot"] = p_len + slots
+        elif cache is None:
             attn_kw["q_slot"] = slots
         else:
             attn_kw["q_slot"] = cache.index + slots
@@ -423,6 +477,11 @@ class Transformer(nnx.Module):
             new = []
 
             def kv_parts(k, v):  # k: [B, K, Dh, T], v: [B, K, T, Dh]
+                if prefix is not None:  # layer_k / layer_v: this layer's prompt keys/values
+                    return [(layer_k, layer_v, jnp.arange(p_len), prefix.valid, None, rows_per_prefix),
+                            (k, v, p_len + slots, mask, None)]
+                if _collect_prefix:
+                    new.extend([k, v])
                 if cache is None:
                     return [(k, v, slots, mask, seg)]
                 k, v = k.astype(layer_k.dtype), v.astype(layer_v.dtype)
@@ -439,7 +498,7 @@ class Transformer(nnx.Module):
                         (k, v, cache.index + slots, mask, None)]
 
             h = block(h, cos, sin, kv_parts, window=win, **attn_kw)
-            return h, (tuple(new) if cache is not None else None)
+            return h, (tuple(new) if cache is not None or _collect_prefix else None)
 
         if layers is None:
             gd, layer_state = nnx.split(self.blocks)
@@ -451,7 +510,8 @@ class Transformer(nnx.Module):
             if cfg.remat != "none":
                 policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
                 body = jax.checkpoint(body, policy=policy)
-            cache_xs = (cache.k, cache.v) if cache is not None else (None, None)
+            cache_xs = (cache.k, cache.v) if cache is not None else (
+                (prefix.k, prefix.v) if prefix is not None else (None, None))
             # The cache enters the scan as per-layer inputs, is only read inside a layer, and
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
             h, new_kv = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows)) + cache_xs)
@@ -469,6 +529,10 @@ class Transformer(nnx.Module):
             new_kv = (new_k, new_v) if cache is not None else None
         h = self.final_norm(h)
         new_cache = None
+        if _collect_prefix:
+            if layers is not None or cache is not None:
+                raise ValueError("encode_prefix runs the stacked layers without a cache")
+            return h, SharedPrefix(new_kv[0], new_kv[1], mask, jnp.sum(mask, axis=-1).astype(jnp.int32))
         if cache is not None:
             if layers is None:
                 ck = _write(cache.k, new_kv[0], (0, 0, 0, 0, cache.index))

@@ -14,8 +14,8 @@ from typing import Any
 
 from jaxrl_llm.config import Choice
 
-__all__ = ["ModelSpec", "DataSpec", "RolloutSpec", "KLSpec", "RecipeSpec", "OptimSpec", "SFTSpec", "MeshSpec",
-           "RunSpec", "RLRunConfig", "PairsSpec", "PreferenceRecipeSpec", "PreferenceRunConfig"]
+__all__ = ["ModelSpec", "DataSpec", "RolloutSpec", "KLSpec", "RecipeSpec", "OptimSpec", "TrainSpec", "SFTSpec",
+           "MeshSpec", "RunSpec", "RLRunConfig", "PairsSpec", "PreferenceRecipeSpec", "PreferenceRunConfig"]
 
 ALL_LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -226,6 +226,23 @@ class OptimSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """How the update computes. ``shared_prefix``: Prefix Grouper (arXiv 2506.05433) -- each
+    prompt group's prompt is encoded once in every log-prob pass of the update (old and
+    reference log-probs, the loss and its gradient) and the completions attend to its
+    keys/values, the same values and gradients up to float rounding
+    (:mod:`jaxrl_llm.training.prefix`). ``None`` (default): on wherever the update stays the
+    same computation -- every row of a group has its group's prompt (not with
+    ``recipe.allocator``, ``recipe.batch_filter`` or ``recipe.hints``), mini-batches already hold
+    whole groups (one mini-batch, or a surrogate that compares a group's rows), and the batch
+    geometry leaves blocks of >= 2 rows of one prompt per micro-batch and device; ``true``: on
+    wherever the prompts are shared, dealing whole prompt groups (instead of rows) into
+    mini-batches, an error where it cannot be; ``false``: off (each row encodes its own prompt)."""
+
+    shared_prefix: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class SFTSpec:
     """Optional supervised warm-up on the task's reference solutions before RL (0 steps: off)."""
 
@@ -278,6 +295,7 @@ class RLRunConfig:
     rollout: RolloutSpec = dataclasses.field(default_factory=RolloutSpec)
     recipe: RecipeSpec = dataclasses.field(default_factory=RecipeSpec)
     optim: OptimSpec = dataclasses.field(default_factory=OptimSpec)
+    train: TrainSpec = dataclasses.field(default_factory=TrainSpec)
     sft: SFTSpec = dataclasses.field(default_factory=SFTSpec)
     mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     run: RunSpec = dataclasses.field(default_factory=RunSpec)

@@ -70,6 +70,7 @@ from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout, Sampler, bucket, pad_prompts
 from jaxrl_llm.training.host_loop import HostLoop
 from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore, prompt_keys
+from jaxrl_llm.training.prefix import PrefixPlan, block_rows, check_blocks, microbatch_order
 from jaxrl_llm.training.providers import AFTER_UPDATE, INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
 from jaxrl_llm.training.recipes import RLRecipe, estimate_advantages
 from jaxrl_llm.training.rl import Critic, build_rl_batch, minibatches, to_target_aligned
@@ -257,7 +258,8 @@ class RLTrainer(HostLoop):
                  seed: int = 0, frozen: tuple = (), ref_params: Any = None, critic: Critic | None = None,
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
                  candidates: int = 1, staleness: int = 0, asynchronous: bool = False,
-                 prompt_encoder: Callable | None = None, prompt_value: Critic | None = None, **loop_kw: Any):
+                 prompt_encoder: Callable | None = None, prompt_value: Critic | None = None,
+                 shared_prefix: PrefixPlan | None = None, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -333,6 +335,16 @@ class RLTrainer(HostLoop):
         if recipe.selector is not None and candidates < 2:
             raise ValueError(f"recipe.selector={recipe.selector.name} chooses among candidate prompts: set "
                              f"rollout.candidates >= 2 (candidates drawn per trained prompt)")
+        want = shared_prefix.rows_per_prompt if shared_prefix is not None else 0
+        if recipe.objective.rows_per_prompt != want:
+            raise ValueError(f"the objective encodes prompts in blocks of rows_per_prompt="
+                             f"{recipe.objective.rows_per_prompt} rows but shared_prefix={shared_prefix} gives {want}: "
+                             f"build both from one plan (jaxrl_llm.training.prefix.plan_shared_prefix)")
+        if shared_prefix is not None and (recipe.allocator is not None or recipe.batch_filter is not None
+                                          or recipe.hints is not None):
+            raise ValueError("shared_prefix (train.shared_prefix) needs every prompt group's rows to share one prompt "
+                             "and one size: it cannot be combined with recipe.allocator, recipe.batch_filter or "
+                             "recipe.hints")
         missing = recipe.requires - set(PROVIDERS) - set(INTRINSIC) - set(self.own_inputs)
         if missing:
             raise ValueError(f"recipe {recipe.name!r} requires {sorted(missing)}, which no provider computes")
@@ -358,6 +370,7 @@ class RLTrainer(HostLoop):
         self._sampler_metrics: dict[str, float] = {}
         self.candidates = candidates
         self.staleness = staleness
+        self.shared_prefix = shared_prefix
         self.prompt_encoder = prompt_encoder
         self.prompt_value = prompt_value  # PCL's value model of prompts (pass rate at the last prompt token)
         # asynchronous rollout: the next step's first sampling round runs in a background thread
@@ -388,11 +401,20 @@ class RLTrainer(HostLoop):
 
     # ------------------------------------------------------------------ helpers for phases and providers
 
-    def logp(self, params, others, tokens, mask) -> np.ndarray:
-        """``[N, L - 1]`` teacher-forced log-probs of ``params`` at the sampling temperature."""
+    def logp(self, params, others, tokens, mask, prompt_len: int | None = None) -> np.ndarray:
+        """``[N, L - 1]`` teacher-forced log-probs of ``params`` at the sampling temperature.
+
+        With ``shared_prefix`` and the batch's ``prompt_len``, each prompt group is encoded once
+        when its rows are consecutive and share the prompt (checked here); only the completion
+        targets then hold log-probs (0 over the prompt's own)."""
         obj = self.recipe.objective
+        kw = {}
+        if self.shared_prefix is not None and prompt_len:
+            r = block_rows(self.recipe.num_samples, tokens.shape[0], self.shared_prefix.batch_ways)
+            if r > 1 and not check_blocks(tokens, mask, prompt_len, r):
+                kw = dict(prompt_len=int(prompt_len), rows_per_prompt=r)
         return gather(policy_logp(self.graphdef, obj.chunk_size, obj.temperature, in_host_memory(params), params,
-                                  others, tokens, mask))
+                                  others, tokens, mask, **kw))
 
     def rollout_key(self, iteration: int) -> jax.Array:
         """The key of ``iteration``; split into ``(rollout key, mini-batch key)``."""
@@ -866,7 +888,7 @@ class RLTrainer(HostLoop):
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness:
                 arrays["rollout_logp"] = arrays["old_logp"]
-            lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"])
+            lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"], prompt_len)
             arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
         if self.staleness:  # the behaviour (stale) policy against the current one, over the trained tokens
             lm = arrays["loss_mask"] & valid[:, None]
@@ -975,14 +997,22 @@ class RLTrainer(HostLoop):
         for k in rec.objective.loss_inputs:  # row-level inputs a surrogate reads (component scores, ...)
             if k not in a and k in step.inputs:
                 a[k] = np.asarray(step.inputs[k])
+        plan = self.shared_prefix
+        if plan is not None:  # Prefix Grouper: the prompt's mask (its width is the prompt length)
+            a["prefix_mask"] = a["mask"][:, :step.prompt_len]
         train = {k: v for k, v in a.items() if k in actor_keys or k in critic_keys}
-        # a surrogate that compares the rows of a prompt sees whole groups in every mini-batch
-        whole_groups = "group_ids" in actor_keys
+        # a surrogate that compares the rows of a prompt sees whole groups in every mini-batch, and
+        # so does a shared-prefix update (its micro-batches hold blocks of rows of one prompt)
+        whole_groups = "group_ids" in actor_keys or plan is not None
+        if plan is not None and "group_ids" not in train:
+            train["group_ids"] = a["group_ids"]
         train_actor = self.critic is None or self.iteration >= rec.critic_warmup
         step_metrics, critic_metrics, empty = [], [], 0
         for epoch in range(rec.epochs):
             for mb in minibatches(train, rec.num_minibatches, jax.random.fold_in(k_mb, epoch),
                                   whole_groups=whole_groups):
+                if plan is not None:
+                    mb = self._prefix_order(mb, step.prompt_len)
                 if not mb["loss_mask"].any():
                     empty += 1
                     continue
@@ -995,6 +1025,18 @@ class RLTrainer(HostLoop):
                     step_metrics.append(m)
         step_metrics, critic_metrics = jax.device_get((step_metrics, critic_metrics))
         return step_metrics, critic_metrics, empty
+
+    def _prefix_order(self, mb: dict, prompt_len: int) -> dict:
+        """A mini-batch of whole groups (group-contiguous) in the row order the shared-prefix
+        train step expects, checked: every block of its micro-batches has one prompt."""
+        plan = self.shared_prefix
+        order = microbatch_order(len(mb["tokens"]), plan)
+        mb = {k: v[order] for k, v in mb.items()}
+        why = check_blocks(mb["tokens"], mb["mask"], prompt_len, plan.rows_per_prompt, plan.num_microbatches)
+        if why:
+            raise RuntimeError(f"train.shared_prefix: {why} (the rows of a prompt group must share its prompt); run "
+                               f"with train.shared_prefix=false")
+        return mb
 
     def _update_kl_controller(self, step: StepBatch, step_metrics: list) -> None:
         """One controller update per iteration with the batch's KL (the reward's, or the loss

@@ -18,15 +18,25 @@ import jax.numpy as jnp
 from jaxrl_llm.core import aggregation, kl as kl_mod, stats
 from jaxrl_llm.core.turns import spa_progress_loss
 from jaxrl_llm.core.value import clipped_value_loss
-from jaxrl_llm.models.logprobs import token_logprobs
+from jaxrl_llm.models.logprobs import shared_prefix_logprobs, token_logprobs
 
 __all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs",
            "critic_values", "turn_contributions"]
 
 
 def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
-                    with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
-    """Teacher-forced ``[B, L - 1]`` log-probs (and entropies) of ``tokens[:, 1:]``."""
+                    with_entropy: bool = False, rows_per_prompt: int = 0) -> tuple[jax.Array, jax.Array | None]:
+    """Teacher-forced ``[B, L - 1]`` log-probs (and entropies) of ``tokens[:, 1:]``.
+
+    ``rows_per_prompt > 0``: blocks of that many consecutive rows share their prompt, whose
+    mask the batch holds as ``prefix_mask [B, P]`` (its width is the prompt length); each prompt
+    is encoded once (:func:`jaxrl_llm.models.logprobs.shared_prefix_logprobs`) and only the
+    completion targets get log-probs (0 over the prompt's own targets).
+    """
+    if rows_per_prompt:
+        return shared_prefix_logprobs(model, batch["tokens"], batch["mask"], batch["prefix_mask"].shape[1],
+                                      rows_per_prompt, chunk_size=chunk_size, temperature=temperature,
+                                      with_entropy=with_entropy)
     hidden, _ = model(batch["tokens"], batch["mask"])
     return token_logprobs(hidden[:, :-1], model.unembedding(), batch["tokens"][:, 1:], chunk_size=chunk_size,
                           temperature=temperature, with_entropy=with_entropy)
@@ -72,6 +82,10 @@ class PolicyObjective:
         the log-probs of every row first (forward only), the loss and its gradient with respect
         to them on the whole batch, then per micro-batch the gradient-equivalent linear term
         ``sum(coef * logp)``. Exact for any micro-batch split; costs one extra forward pass.
+      rows_per_prompt: Prefix Grouper (``train.shared_prefix``): blocks of this many consecutive
+        rows of every (micro-)batch share their prompt (mask in ``prefix_mask [B, P]``), encoded
+        once per block in every log-prob pass; 0: each row encodes its own prompt. The same
+        values and gradients up to float rounding (:func:`policy_logprobs`).
     """
 
     policy_loss: Callable[..., Any]
@@ -89,8 +103,11 @@ class PolicyObjective:
     kl_bias_correction: str | None = None
     loss_inputs: tuple[str, ...] = ()
     coupled: bool = False
+    rows_per_prompt: int = 0
 
     def __post_init__(self):
+        if not (isinstance(self.rows_per_prompt, int) and self.rows_per_prompt >= 0):
+            raise ValueError(f"PolicyObjective.rows_per_prompt must be an int >= 0, got {self.rows_per_prompt!r}")
         if self.agg_mode not in aggregation.AGG_MODES:
             raise ValueError(f"PolicyObjective.agg_mode must be one of {aggregation.AGG_MODES}, got {self.agg_mode!r}")
         base = self.kl_estimator[:-1] if self.kl_estimator.endswith("+") else self.kl_estimator
@@ -114,6 +131,7 @@ class PolicyObjective:
         keys += ("ref_logp",) if self.has_kl else ()
         keys += ("kl_coef",) if self.kl_coef_from_batch else ()
         keys += tuple(k for k in self.loss_inputs if k not in keys)
+        keys += ("prefix_mask",) if self.rows_per_prompt else ()
         return keys + (("is_weights",) if self.use_is_weights else ())
 
     def _loss_kwargs(self, batch: dict, key: jax.Array | None) -> dict:
@@ -128,7 +146,8 @@ class PolicyObjective:
 
     def forward_logp(self, model: Any, batch: dict) -> jax.Array:
         """``[B, L - 1]`` log-probs of the batch's tokens (the coupled surrogate's first pass)."""
-        logp, _ = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature)
+        logp, _ = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature,
+                                  rows_per_prompt=self.rows_per_prompt)
         return jax.lax.stop_gradient(logp)
 
     def coupled_context(self, logp: jax.Array, batch: dict, key: jax.Array) -> tuple[dict, dict]:
@@ -158,7 +177,7 @@ class PolicyObjective:
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
         m = batch["loss_mask"]
         logp, ent = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature,
-                                    with_entropy=self.entropy_coef != 0.0)
+                                    with_entropy=self.entropy_coef != 0.0, rows_per_prompt=self.rows_per_prompt)
         if self.coupled:
             # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
             # the first pass): value = the batch's loss, gradient = sum(coef * d logp)

@@ -117,15 +117,22 @@ def provider(name: str) -> Callable:
 # their compilations
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def policy_logp(graphdef, chunk_size, temperature, from_host, params, others, tokens, mask):
-    """``[N, L - 1]`` teacher-forced log-probs of ``tokens[:, 1:]`` at ``temperature``."""
+@partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames=("prompt_len", "rows_per_prompt"))
+def policy_logp(graphdef, chunk_size, temperature, from_host, params, others, tokens, mask, *, prompt_len=0,
+                rows_per_prompt=0):
+    """``[N, L - 1]`` teacher-forced log-probs of ``tokens[:, 1:]`` at ``temperature``.
+
+    ``rows_per_prompt > 0``: blocks of that many rows share their first ``prompt_len`` columns,
+    encoded once per block; only the completion targets get log-probs (0 before them)."""
     from flax import nnx
 
     if from_host:  # a reference policy kept in host memory (model.offload_reference): HBM only for this pass
         params = jax.device_put(params, jax.memory.Space.Device)
-    logp, _ = policy_logprobs(nnx.merge(graphdef, params, *others), {"tokens": tokens, "mask": mask},
-                              chunk_size=chunk_size, temperature=temperature)
+    batch = {"tokens": tokens, "mask": mask}
+    if rows_per_prompt:
+        batch["prefix_mask"] = mask[:, :prompt_len]
+    logp, _ = policy_logprobs(nnx.merge(graphdef, params, *others), batch, chunk_size=chunk_size,
+                              temperature=temperature, rows_per_prompt=rows_per_prompt)
     return logp
 
 
@@ -205,7 +212,8 @@ def _target(step: StepBatch, values: Any) -> np.ndarray:
 def _ref_logp(tr, step: StepBatch) -> None:
     """Log-probs of the frozen reference policy (a KL term in the loss or the reward)."""
     a = step.arrays
-    step.arrays["ref_logp"] = _target(step, tr.logp(tr.ref_params, tr.frozen, a["tokens"], a["mask"]))
+    step.arrays["ref_logp"] = _target(step, tr.logp(tr.ref_params, tr.frozen, a["tokens"], a["mask"],
+                                                    prompt_len=step.prompt_len))
 
 
 @provider("gvm_stats")

@@ -45,15 +45,16 @@ import numpy as np
 
 from jaxrl_llm.config import ConfigError, to_dict
 from jaxrl_llm.training.configs import (DataSpec, KLSpec, MeshSpec, ModelSpec, OptimSpec, RecipeSpec, RLRunConfig,
-                                        RolloutSpec, RunSpec, SFTSpec)
+                                        RolloutSpec, RunSpec, SFTSpec, TrainSpec)
 from jaxrl_llm.training.loading import load_policy, model_config
 from jaxrl_llm.training.optim import make_optimizer
 from jaxrl_llm.training.prompt_store import PromptStore
 from jaxrl_llm.training.recipes import RLRecipe, build_recipe
 from jaxrl_llm.training.telemetry import jsonable
 
-__all__ = ["ModelSpec", "DataSpec", "RolloutSpec", "KLSpec", "RecipeSpec", "OptimSpec", "SFTSpec", "MeshSpec",
-           "RunSpec", "RLRunConfig", "run_rl", "check_rl", "make_optimizer", "load_policy", "rl_recipe"]
+__all__ = ["ModelSpec", "DataSpec", "RolloutSpec", "KLSpec", "RecipeSpec", "OptimSpec", "TrainSpec", "SFTSpec",
+           "MeshSpec", "RunSpec", "RLRunConfig", "run_rl", "check_rl", "make_optimizer", "load_policy", "rl_recipe",
+           "shared_prefix_plan"]
 
 log = logging.getLogger("jaxrl_llm")
 
@@ -100,6 +101,37 @@ def rl_recipe(cfg: RLRunConfig) -> RLRecipe:
     with the rollout's samples per prompt and its temperature (the one source of both)."""
     ro = cfg.rollout
     return build_recipe(cfg.recipe, num_samples=ro.num_samples, temperature=ro.temperature)
+
+
+def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1):
+    """``(plan, why)``: the run's Prefix Grouper layout (``train.shared_prefix``,
+    :func:`jaxrl_llm.training.prefix.plan_shared_prefix`), or ``None`` and the reason it is off.
+    ``train.shared_prefix=true`` where it cannot hold is a :class:`ConfigError`."""
+    from jaxrl_llm.training.prefix import plan_shared_prefix
+
+    want = cfg.train.shared_prefix
+    if want is False:
+        return None, "train.shared_prefix=false"
+    clash = [k for k, part in (("recipe.allocator", rec.allocator), ("recipe.batch_filter", rec.batch_filter),
+                               ("recipe.hints", rec.hints)) if part is not None]
+    ppm = cfg.rollout.prompts_per_step * max(1, len(cfg.data.budgets))  # prompt groups per step
+    if clash:
+        why = f"{', '.join(clash)} gives the rows of a prompt group different prompts or counts"
+    elif want is None and rec.num_minibatches > 1 and "group_ids" not in rec.objective.batch_keys():
+        why = (f"recipe.num_minibatches={rec.num_minibatches} deals rows, not whole prompt groups, into mini-batches "
+               f"(train.shared_prefix=true deals whole groups instead)")
+    elif ppm % rec.num_minibatches:
+        why = (f"the {ppm} prompt groups of a step do not split into recipe.num_minibatches={rec.num_minibatches} "
+               f"mini-batches of whole groups")
+    else:
+        plan, why = plan_shared_prefix(rec.num_samples, ppm // rec.num_minibatches, cfg.optim.num_microbatches,
+                                       batch_ways)
+        if plan is not None:
+            return plan, ""
+    if want is True:
+        raise ConfigError(f"train.shared_prefix=true cannot hold: {why} (set train.shared_prefix=false, or leave it "
+                          f"unset to use it where it holds)")
+    return None, why
 
 
 def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
@@ -251,11 +283,13 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
                               f"the trainer")
         n_devices -= ro.sampler_devices
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.data * m_.fsdp * m_.tensor)
+    prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.data * m_.fsdp)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget
     return {"params": n_params, "rows_per_step": cfg.rollout.prompts_per_step * variants * cfg.rollout.num_samples,
-            "mesh": dataclasses.asdict(cfg.mesh), "model": model_cfg.to_dict(), "recipe": to_dict(rec.spec)}
+            "mesh": dataclasses.asdict(cfg.mesh), "model": model_cfg.to_dict(), "recipe": to_dict(rec.spec),
+            "shared_prefix": (f"blocks of {prefix.rows_per_prompt} rows" if prefix else f"off: {prefix_off}")}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -389,6 +423,10 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             ref_params = to_host_memory(params)
         else:
             ref_params = jax.tree.map(lambda x: x.copy(), params)
+    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.data * cfg.mesh.fsdp if mesh is not None else 1)
+    log.info("train.shared_prefix: %s", f"on, blocks of {prefix.rows_per_prompt} rows" if prefix else f"off ({why})")
+    rec = dataclasses.replace(rec, objective=dataclasses.replace(
+        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0))
     train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step * cfg.rollout.candidates,
@@ -453,6 +491,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
                         asynchronous=cfg.rollout.asynchronous, prompt_encoder=encode, prompt_value=prompt_value,
+                        shared_prefix=prefix,
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer

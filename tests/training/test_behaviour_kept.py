@@ -13,7 +13,11 @@ The old configs are written here in today's syntax. Two differences are delibera
 as overrides: the old ``dapo`` preset had verl's dual clip 3.0 (the paper's objective has none,
 so the preset now has none: ``recipe.loss.dual_clip=3`` gives the old numbers), and the old
 runner replaced a preset's mini-batch count with ``recipe.num_minibatches`` (default 1), where a
-preset now keeps its own unless the field is set.
+preset now keeps its own unless the field is set. Since issue 22 the update encodes each prompt
+group's prompt once where that is the same computation (``train.shared_prefix``, on by default):
+equal up to float rounding, not bit for bit, so these runs set ``train.shared_prefix=false`` to
+keep comparing the row-by-row computation bit for bit (``tests/training/test_shared_prefix.py``
+compares the two).
 
 ``test_reference_commands`` (slow) re-runs the four commands of issue 17 at full size (30 steps,
 ``golden/full_runs.json``); about 5 minutes.
@@ -36,7 +40,7 @@ import pytest
 from jaxrl_llm.config import Choice
 from jaxrl_llm.training.preference_runner import run_preference
 from jaxrl_llm.training.runner import (DataSpec, KLSpec, ModelSpec, OptimSpec, RecipeSpec, RLRunConfig, RolloutSpec,
-                                       RunSpec, SFTSpec, run_rl)
+                                       RunSpec, SFTSpec, TrainSpec, run_rl)
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).parents[2]
@@ -52,6 +56,7 @@ def tiny(out, recipe: RecipeSpec, num_samples=4, steps=3) -> RLRunConfig:
                       train_rows=64, eval_rows=8),
         rollout=RolloutSpec(prompts_per_step=2, num_samples=num_samples, max_new_tokens=4, prompt_buckets=(32,)),
         recipe=recipe, optim=OptimSpec(lr=1e-3), sft=SFTSpec(steps=200, batch_size=16),
+        train=TrainSpec(shared_prefix=False),
         run=RunSpec(out=str(out), steps=steps, eval_every=0, checkpoint_every=0, log_samples_every=0,
                     export_hf=False, plot=False, tensorboard=False, progress=False))
 
@@ -174,6 +179,7 @@ def test_reference_commands(name, tmp_path):
         subprocess.run([sys.executable, "-m", "jaxrl_llm", *cmd, arg], check=True, cwd=old, env=_old_env(old))
         golden = {"metrics": metric_lines(tmp_path / "old_run" / "metrics.jsonl"),
                   "state": state_digests(tmp_path / "old_run" / "ckpt")}
-    subprocess.run([sys.executable, "-m", "jaxrl_llm", *cmd, f"run.out={tmp_path / 'run'}"], check=True, cwd=ROOT)
+    new_cmd = cmd + ([] if name == "tiny_dpo" else ["train.shared_prefix=false"])  # the row-by-row update
+    subprocess.run([sys.executable, "-m", "jaxrl_llm", *new_cmd, f"run.out={tmp_path / 'run'}"], check=True, cwd=ROOT)
     tmp_path = tmp_path / "run"
     assert_same(golden, metric_lines(tmp_path / "metrics.jsonl"), state_digests(tmp_path / "ckpt"), name)
