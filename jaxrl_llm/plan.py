@@ -201,6 +201,8 @@ def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, m
             batch[k] = sds((B, L), jnp.int32 if k == "tokens" else jnp.bool_)
         elif k == "kl_coef":
             batch[k] = sds((B,), jnp.float32)
+        elif k == "prefix_mask":  # a shared-prefix objective (train.shared_prefix): the prompt's width
+            batch[k] = sds((B, spec.prompt_len), jnp.bool_)
         else:
             batch[k] = sds((B, L - 1), jnp.bool_ if k == "loss_mask" else jnp.float32)
     b_sh = {k: logical_sharding(("batch",) + (None,) * (len(v.shape) - 1), mesh, shape=v.shape)
@@ -401,7 +403,8 @@ def format_plan(r: dict) -> str:
 
 def _describe_objective(obj: Any) -> dict:
     return {"policy_loss": getattr(obj.policy_loss, "__name__", repr(obj.policy_loss)),
-            "agg_mode": obj.agg_mode, "batch_keys": list(obj.batch_keys())}
+            "agg_mode": obj.agg_mode, "batch_keys": list(obj.batch_keys()),
+            "rows_per_prompt": getattr(obj, "rows_per_prompt", 0)}
 
 
 def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
@@ -409,14 +412,18 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     the model's shapes (``model.preset`` or the model's own config), the mesh, one update's rows
     (``prompts_per_step * num_samples / recipe.num_minibatches``) of the largest prompt bucket
     plus ``max_new_tokens``, the micro-batches, the sampler's batch, the recipe's objective and
-    its reference policy (resident, or in host memory with ``model.offload_reference``).
+    its reference policy (resident, or in host memory with ``model.offload_reference``), with
+    each prompt encoded once where the run does (``train.shared_prefix``).
     A PPO recipe's critic is planned with it (``critic``, the recipe's value objective).
     ``overrides``: PlanSpec fields (``chip``, ``hbm_gib``, ...). Not planned: LoRA's smaller
     optimiser state (the plan counts every parameter as trained)."""
     from jaxrl_llm.training.loading import model_config
-    from jaxrl_llm.training.runner import rl_recipe
+    from jaxrl_llm.training.runner import rl_recipe, shared_prefix_plan
 
     rec = rl_recipe(cfg)
+    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.data * cfg.mesh.fsdp)  # the update the run compiles
+    rec = dataclasses.replace(rec, objective=dataclasses.replace(
+        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0))
     ro = cfg.rollout
     # the longest prompt the run can see, padded to its bucket as the sampler pads it
     longest = min(max(ro.prompt_buckets), cfg.data.max_prompt_tokens)

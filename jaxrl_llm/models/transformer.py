@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.models.config import ModelConfig
-from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, state_shardings
+from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, constrain_lookup, state_shardings
 
 __all__ = [
     "LoRAParam",
@@ -443,7 +443,8 @@ class Transformer(nnx.Module):
                 positions = positions_from_mask(mask)
         positions = jnp.asarray(positions, jnp.int32)
         dt = jnp.dtype(cfg.dtype)
-        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt), ("act_batch", "act_seq", "act_embed"))
+        x = constrain_lookup(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
+        x = constrain(x, ("act_batch", "act_seq", "act_embed"))
         cos = sin = None
         if cfg.position == "learned":
             x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(dt)

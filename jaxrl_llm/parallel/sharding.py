@@ -37,6 +37,7 @@ __all__ = [
     "state_shardings",
     "shard_state",
     "constrain",
+    "constrain_lookup",
     "logical_rules",
     "to_host_memory",
     "in_host_memory",
@@ -239,6 +240,32 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     if len(names) != x.ndim:
         raise ValueError(f"constrain: {len(names)} axis names {tuple(names)} for an array of shape {x.shape}")
     spec = logical_to_spec(names, _ACTIVE_RULES[-1], mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def constrain_lookup(x: jax.Array) -> jax.Array:
+    """The layout of a ``[B, T, D]`` embedding lookup on its way to the activation layout.
+
+    A lookup's result has its ``D`` split like the table's ``"embed"`` axis; the activations
+    split ``B`` over the ``"act_batch"`` axes. When those share a mesh axis (``fsdp`` under
+    :data:`DEFAULT_RULES`) and another axis splits the batch too (``data``), XLA's SPMD
+    partitioner has no efficient path between the two layouts for the backward pass (the
+    cotangent, split over the whole batch, must become ``D``-split and replicated over
+    ``data`` for the table's scatter-add) and logs "Involuntary full rematerialization": it
+    replicates the tensor. This constraint puts the layout in between, ``B`` over the batch
+    axes the table does not use and ``D`` like the table: from it each direction is one
+    collective (an all-to-all over the shared axis, an all-gather over the others). The
+    identity without a mesh, like :func:`constrain`.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return x
+    rules = _ACTIVE_RULES[-1]
+    table = _rules_dict(rules)
+    embed = table.get("embed", ())
+    between = tuple(rules) + (("_lookup_batch", tuple(a for a in table.get("act_batch", ()) if a not in embed)),
+                              ("_lookup_embed", embed))
+    spec = logical_to_spec(("_lookup_batch",) + (None,) * (x.ndim - 2) + ("_lookup_embed",), between, mesh, x.shape)
     return jax.lax.with_sharding_constraint(x, spec)
 
 

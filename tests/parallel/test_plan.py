@@ -14,6 +14,7 @@ import pytest
 from jaxrl_llm.plan import format_plan
 
 WORKER = Path(__file__).with_name("plan_worker.py")
+FALLBACK = "Involuntary full rematerialization"  # XLA's SPMD partitioner replicating a tensor
 
 
 def _env(one_arena: bool = False):
@@ -58,6 +59,9 @@ def test_plan_command_simulates_the_mesh_and_reports():
            "--chip", "tpu-v5e", "--reference", "device", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # the batch is split over data and fsdp, the embedding's D over fsdp: no step between the
+    # layouts makes XLA's partitioner replicate a tensor (sharding.constrain_lookup)
+    assert FALLBACK not in proc.stderr, proc.stderr[-4000:]
     r = json.loads(proc.stdout)
     assert r["devices"] == 8 and r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and r["platform"] == "cpu"
     t = r["train_step"]
@@ -124,3 +128,31 @@ def test_plan_of_a_ppo_run_includes_the_critic():
     assert c["peak_policy_step"] == t["compiled_peak"] + c["params"] + c["opt_state"]
     assert c["peak_critic_step"] == c["compiled_peak"] + t["params"] + t["opt_state"]
     assert c["peak_with_critic"] == max(c["peak_policy_step"], c["peak_critic_step"]) > t["compiled_peak"]
+
+
+# the plans of the docs (docs/scaling.md, docs/multi_gpu.md, docs/tpu_pod.md) and issue 22's pod:
+# each compiles on its simulated devices with no tensor replicated by XLA's partitioner; 20-90 s each
+DOCUMENTED_PLANS = {
+    "experiment_qwen25_1p5b": "qwen25_1p5b_gsm8k_grpo --chip tpu-v5e",  # README's example
+    "llama3-8b_8x8": "--model llama3-8b --mesh 8,8,1 --rows 64",
+    "llama3-8b_4x16": "--model llama3-8b --mesh 4,16,1 --rows 128 --seq-len 2048 --microbatches 2 --prompts 16 "
+                      "--samples 8 --prompt-len 512 --new-tokens 1536 --dtype bfloat16 --remat full",
+    "qwen2.5-7b_16x4": "--model qwen2.5-7b --mesh 1,16,4 --rows 64 --seq-len 2048 --microbatches 1 --prompts 16 "
+                       "--samples 4 --prompt-len 512 --new-tokens 1536 --dtype bfloat16 --remat full",
+    "qwen2.5-7b_64": "--model qwen2.5-7b --mesh 1,64,1 --rows 64 --seq-len 2048 --prompts 64 --samples 1 "
+                     "--prompt-len 512 --new-tokens 1536 --dtype bfloat16 --remat dots",
+    "qwen2.5-7b_8_gpu": "--model qwen2.5-7b --mesh 1,8,1 --rows 64 --seq-len 2048 --microbatches 8 --prompts 8 "
+                        "--samples 8 --prompt-len 512 --new-tokens 1536 --dtype bfloat16 --remat full",
+    "qwen2.5-1.5b_8_tpu": "--model qwen2.5-1.5b --mesh 1,8,1 --rows 64 --seq-len 1024 --microbatches 4 --prompts 8 "
+                          "--samples 8 --prompt-len 256 --new-tokens 768 --dtype bfloat16 --remat full",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(DOCUMENTED_PLANS))
+def test_documented_plans_replicate_no_tensor(name):
+    cmd = [sys.executable, "-m", "jaxrl_llm", "plan", *DOCUMENTED_PLANS[name].split(), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stderr.splitlines() if FALLBACK in ln]
+    assert not lines, f"{len(lines)} fallbacks, the first: {lines[0][:1500]}"
