@@ -1,4 +1,4 @@
-"""Main job: GRPO on the embedded SmolLM2-135M-Instruct for small-number arithmetic (about 15 min on 2 CPU cores).
+"""Main job: GRPO on the embedded SmolLM2-135M-Instruct for small-number arithmetic (about 5 min on 2 CPU cores).
 
 The model starts from its instruction tuning (no SFT): held-out greedy accuracy is measured
 before and after, and the run saves a checkpoint (``ckpt/``), an HF export with the LoRA
