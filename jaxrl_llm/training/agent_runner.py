@@ -323,6 +323,9 @@ def _sft(cfg: AgentRunConfig, gd, params, frozen, spec, fmt, tel, probe) -> tupl
 
 def run_agent(cfg: AgentRunConfig) -> dict:
     """Run (or resume) the agent experiment ``cfg``; returns the summary (also ``summary.json``)."""
+    from jaxrl_llm.training.host_loop import use_compile_cache
+
+    use_compile_cache(cfg.run.compile_cache)
     import optax  # noqa: F401  (the optimiser's library; imported here so a missing install fails early)
     import orbax.checkpoint as ocp
     from flax import nnx

@@ -273,6 +273,11 @@ class MeshSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
+    """Where and how long a run goes. ``compile_cache``: JAX's persistent compilation cache
+    directory (``~`` expands): a second run of the same shapes reads its compiled programs instead
+    of compiling them, so its first step starts sooner; ``""``: off. A cache configured
+    already (``JAX_COMPILATION_CACHE_DIR``, ``jax.config``) is left as it is."""
+
     out: str = "runs/rl"
     steps: int = 50
     seed: int = 0
@@ -286,6 +291,7 @@ class RunSpec:
     tensorboard: bool = True
     progress: bool = True
     console_every: int = 10
+    compile_cache: str = "~/.cache/jaxrl_llm/xla"
 
 
 @dataclasses.dataclass(frozen=True)

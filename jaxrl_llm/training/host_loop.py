@@ -21,7 +21,53 @@ import numpy as np
 
 from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard
 
-__all__ = ["HostLoop"]
+__all__ = ["HostLoop", "compile_counter", "use_compile_cache"]
+
+_COMPILES = [0, 0.0, 0]  # programs built in this process, their seconds, how many came from the persistent cache
+_LISTENING = []
+
+
+def use_compile_cache(path: str) -> str | None:
+    """Turn on JAX's persistent compilation cache in ``path`` (``run.compile_cache``) unless a
+    cache is configured already; returns the directory in use (``None``: off). Every program is
+    kept, however fast it compiled (a warm run then compiles nothing it compiled before)."""
+    import logging
+    import os
+
+    current = jax.config.jax_compilation_cache_dir
+    if current or not path:
+        return current or None
+    directory = os.path.expanduser(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:  # an unwritable home: the run goes on without the cache, and says so
+        logging.getLogger("jaxrl_llm").warning("run.compile_cache=%s: cannot create it (%s); compiling without "
+                                               "the persistent cache", path, e)
+        return None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return directory
+
+
+def compile_counter() -> tuple[int, float, int]:
+    """``(programs, seconds, cache_hits)``: the XLA programs this process has built so far
+    (compiled, or read from the persistent compilation cache), the seconds that took, and how
+    many were read from the cache. ``programs - cache_hits`` were compiled. The first call
+    starts the count (``jax.monitoring`` listeners)."""
+    if not _LISTENING:
+        def on_duration(name: str, duration: float, **kw: Any) -> None:
+            if name == "/jax/core/compile/backend_compile_duration":  # wraps compile-or-read-the-cache
+                _COMPILES[0] += 1
+                _COMPILES[1] += duration
+
+        def on_event(name: str, **kw: Any) -> None:
+            if name == "/jax/compilation_cache/cache_hits":
+                _COMPILES[2] += 1
+
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+        jax.monitoring.register_event_listener(on_event)
+        _LISTENING.append((on_duration, on_event))
+    return _COMPILES[0], _COMPILES[1], _COMPILES[2]
 
 
 class HostLoop:
@@ -132,9 +178,20 @@ class HostLoop:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=steps, initial=self.iteration, desc=self.progress_desc, dynamic_ncols=True)
+        t_run, first = time.perf_counter(), True
         with PreemptionGuard() as guard:
             while self.iteration < steps:
+                n0, s0, h0 = compile_counter()
                 metrics = self.step()
+                n1, s1, h1 = compile_counter()
+                # programs compiled in this step (after the first step and a new prompt bucket: 0), those
+                # read from the persistent compilation cache instead, and the seconds of both
+                metrics["time/compiles"] = float((n1 - n0) - (h1 - h0))
+                metrics["time/compile_cache_hits"] = float(h1 - h0)
+                metrics["time/compile"] = s1 - s0
+                if first:  # this process's first step, compilation included (shorter from a warm compile cache)
+                    metrics["time/to_first_step"] = time.perf_counter() - t_run
+                    first = False
                 if self.eval_fn is not None and self.eval_every and self.iteration % self.eval_every == 0:
                     metrics.update(self.eval_fn(self.state.params, *self.frozen))
                 self.history.append(metrics)

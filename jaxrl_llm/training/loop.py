@@ -1109,6 +1109,7 @@ class RLTrainer(HostLoop):
                             "sampling/filler_groups": float(n_groups - chosen),
                             "sampling/empty_minibatches": float(empty)})
         metrics.update(step.metrics)
+        metrics["batch/prompt_len"] = float(step.prompt_len)  # the train batch's prompt bucket (its shape)
         if self._sampler_metrics:  # tokens decoded against the responses' tokens (summed over rounds)
             sm = dict(self._sampler_metrics)
             if "tree/leaf_tokens" in sm:

@@ -221,6 +221,9 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
     """Run (or resume) the preference experiment ``cfg``; returns the summary (also ``summary.json``).
     With ``pairs.source="spin"`` and ``pairs.iterations > 1`` the preference phase is SPIN's
     self-play loop (one checkpoint directory per iteration: ``ckpt``, ``ckpt_spin1``, ...)."""
+    from jaxrl_llm.training.host_loop import use_compile_cache
+
+    use_compile_cache(cfg.run.compile_cache)
     from jaxrl_llm.data import ListSource, SFTDataConfig, sft_dataset
     from jaxrl_llm.tasks import get_task
     from jaxrl_llm.training import Checkpointer, SFTObjective, SFTTrainer, init_train_state, make_train_step

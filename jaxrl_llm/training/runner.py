@@ -553,8 +553,11 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     from jaxrl_llm.training.checkpoint import Checkpointer
     from jaxrl_llm.training.telemetry import Telemetry
 
+    from jaxrl_llm.training.host_loop import use_compile_cache
+
     t_start = time.perf_counter()
     _check_fields(cfg, files=True)
+    use_compile_cache(cfg.run.compile_cache)
     rec = rl_recipe(cfg)  # every name is resolved (and checked) before anything loads
     resolved = to_dict(dataclasses.replace(cfg, recipe=rec.spec))
     s = _setup(cfg, resolved)
