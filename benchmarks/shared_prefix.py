@@ -39,7 +39,9 @@ from jaxrl_llm.training import PolicyObjective, init_train_state, make_train_ste
 from jaxrl_llm.training.providers import policy_logp  # noqa: E402
 
 G, T = 8, 128
-LENGTHS = {"qwen2-8m": (32, 64, 128, 256, 512), "smollm2": (64, 256)}
+# SmolLM2's row-by-row step at 4 x 8 x (64 + 128) already needs 17 GB of XLA temporaries; longer
+# prompts do not fit a 24 GiB machine (--lengths to try)
+LENGTHS = {"qwen2-8m": (32, 64, 128, 256, 512), "smollm2": (64,)}
 PROMPTS = {"qwen2-8m": 8, "smollm2": 4}
 
 
@@ -79,12 +81,12 @@ def median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(name: str, repeats: int) -> list[dict]:
+def measure(name: str, repeats: int, lengths=None) -> list[dict]:
     gd, params = model(name)
     cfg = nnx.merge(gd, params).cfg
     opt = optax.adamw(1e-6, weight_decay=0.0)
     rows = []
-    for p in LENGTHS[name]:
+    for p in lengths or LENGTHS[name]:
         b = batch(cfg.vocab_size, PROMPTS[name], p)
         row = {"model": name, "P": p, "B": PROMPTS[name]}
         for r in (0, G):
@@ -118,11 +120,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="qwen2-8m,smollm2")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lengths", default="", help="prompt lengths, e.g. 64,256 (default: per model)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None
     rows = []
     for name in args.models.split(","):
-        rows += measure(name, args.repeats)
+        rows += measure(name, args.repeats, lengths)
     body = (f"`.venv/bin/python benchmarks/shared_prefix.py --models {args.models} --repeats {args.repeats} --write` "
             f"({machine()}, {time.strftime('%Y-%m-%d')}; float32, medians of {args.repeats} calls after a warm-up "
             f"call).\n\nEach prompt's {G} completions of {T} tokens; `logp` is the old/reference log-prob pass, `step` "
