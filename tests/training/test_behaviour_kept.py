@@ -16,7 +16,7 @@ runner replaced a preset's mini-batch count with ``recipe.num_minibatches`` (def
 preset now keeps its own unless the field is set. Since issue 22 the update encodes each prompt
 group's prompt once where that is the same computation (``train.shared_prefix``, on by default):
 equal up to float rounding, not bit for bit, so these runs set ``train.shared_prefix=false`` to
-keep comparing the row-by-row computation bit for bit (``tests/training/test_shared_prefix.py``
+keep comparing the row-by-row computation bit for bit (``tests/training/test_shared_prefix_update.py``
 compares the two).
 
 ``test_reference_commands`` (slow) re-runs the four commands of issue 17 at full size (30 steps,

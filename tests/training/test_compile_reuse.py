@@ -11,7 +11,7 @@ import sys
 from jaxrl_llm.training.runner import DataSpec, RolloutSpec, run_rl
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_shared_prefix import _tiny  # noqa: E402
+from test_shared_prefix_update import _tiny  # noqa: E402
 
 
 def test_a_seen_bucket_builds_no_program(tmp_path):
