@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from jaxrl_llm.training.runner import DataSpec, RolloutSpec, run_rl
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_shared_prefix_update import _tiny  # noqa: E402
 
 
+@pytest.mark.slow  # 45 s of suite time; the default suite checks one bucket (test_shared_prefix_update.py)
 def test_a_seen_bucket_builds_no_program(tmp_path):
     cfg = _tiny(tmp_path)
     # mixed-length problems (1+1, 2+1 and 2+2 digits) over fine buckets: the steps' prompts land in two
