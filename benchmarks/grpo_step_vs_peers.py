@@ -43,6 +43,7 @@ Run: ``.venv/bin/python benchmarks/grpo_step_vs_peers.py [--models tiny,smollm2]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -54,10 +55,41 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VENVS = {"ours": ROOT / ".venv", "trl": ROOT / ".venv-peers", "tunix": ROOT / ".venv-tunix"}
+VENVS = {"ours": ROOT / ".venv", "ours-warm": ROOT / ".venv", "trl": ROOT / ".venv-peers", "tunix": ROOT / ".venv-tunix"}
 G, T, LR = 8, 64, 1e-6
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+3?"}]
 RESULT = "RESULT "
+
+
+def _shape(job: dict) -> tuple[list[str], int, float]:
+    """``(prompts of one step, new tokens, beta)`` of a job (default: the one chat prompt, T, 0)."""
+    return list(job.get("prompts") or [job["prompt"]]), int(job.get("new_tokens") or T), float(job.get("beta") or 0.0)
+
+
+def long_prompts(tok, n: int, target: int) -> list[str]:
+    """``n`` distinct chat prompts of at most ``target`` tokens and at least ``target - 8``: a long
+    system prompt of worked examples (the part a real run shares: instructions, few-shot
+    examples) and a different question each."""
+    examples = [f"Example {i}: {i * 7 % 50} + {i * 13 % 40} = {i * 7 % 50 + i * 13 % 40}." for i in range(200)]
+    out = []
+    for j in range(n):
+        q = [{"role": "user", "content": f"What is {12 + j} + {30 + 3 * j}?"}]
+        lo, hi = 0, len(examples)
+        while lo < hi:  # the most examples that keep the prompt within target tokens
+            mid = (lo + hi + 1) // 2
+            sys_msg = [{"role": "system", "content": "Solve the sum. " + " ".join(examples[:mid])}]
+            text = tok.apply_chat_template(sys_msg + q, tokenize=False, add_generation_prompt=True)
+            if len(tok(text, add_special_tokens=False)["input_ids"]) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        sys_msg = [{"role": "system", "content": "Solve the sum. " + " ".join(examples[:lo])}]
+        text = tok.apply_chat_template(sys_msg + q, tokenize=False, add_generation_prompt=True)
+        n_tok = len(tok(text, add_special_tokens=False)["input_ids"])
+        if n_tok < target - 8:
+            raise SystemExit(f"could not build a prompt of about {target} tokens (got {n_tok})")
+        out.append(text)
+    return out
 
 
 def length_reward(prompts, completions, **kwargs):
@@ -86,6 +118,21 @@ def _compile_clock() -> list[tuple[float, float]]:
     return events
 
 
+def _peak_rss_gb() -> float:
+    """Peak resident memory of this process so far, GB (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def _launch_stats(job: dict, first_step_end: float) -> dict:
+    """Time from the driver's launch of this process to the end of its first optimiser step
+    (imports, model load, setup, compilation and the step itself) less the benchmark's own
+    log-prob check of the loaded model (not part of any library's start), and the peak RSS."""
+    return {"first_step_s": first_step_end - job["launched"] - job["check_s"], "check_s": job["check_s"],
+            "peak_rss_gb": _peak_rss_gb()}
+
+
 def _compile_per_step(stamps: list[float], events: list[tuple[float, float]]) -> list[float]:
     """Seconds of XLA compilation inside each step."""
     return [sum(d for t, d in events if a < t <= b) for a, b in zip(stamps, stamps[1:])]
@@ -106,29 +153,48 @@ def worker_ours(job: dict) -> dict:
     from jaxrl_llm.rollout import Sampler, SamplingConfig
     from jaxrl_llm.training import RLTrainer, init_train_state, make_train_step, recipe
 
+    if job.get("compile_cache"):  # the library's run.compile_cache (the runner turns it on the same way)
+        from jaxrl_llm.training.host_loop import use_compile_cache
+
+        use_compile_cache(job["compile_cache"])
     model = load_hf(job["model_dir"])
     tok = load_tokenizer(job["model_dir"])
+    prompts, t_new, beta = _shape(job)
     ids = tok(job["prompt"], add_special_tokens=False)["input_ids"]
+    check_t0 = time.time()
     x = jax.numpy.asarray([ids], jax.numpy.int32)
     hidden, _ = model(x[:, :-1], jax.numpy.ones_like(x[:, :-1], bool))
     lp, _ = token_logprobs(hidden, model.unembedding(), x[:, 1:])
     check = float(lp.sum())
+    job["check_s"] = time.time() - check_t0
     if job.get("check_only"):
         return {"prompt_tokens": len(ids), "prompt_logp": check}
 
     gd, params = nnx.split(model)
     n_params = sum(v.size for v in jax.tree.leaves(params))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
-    rec = recipe("grpo", num_samples=G)
+    rec = recipe("grpo", num_samples=G, kl={"coef": beta}) if beta else recipe("grpo", num_samples=G)
+    plan = None
+    if job.get("shared_prefix", True):  # the library's default (train.shared_prefix unset): on where exact
+        from jaxrl_llm.training.prefix import plan_shared_prefix
+
+        plan, _ = plan_shared_prefix(G, len(prompts), 1)
+    if plan is not None:
+        rec = dataclasses.replace(rec, objective=dataclasses.replace(rec.objective,
+                                                                     rows_per_prompt=plan.rows_per_prompt))
     state = init_train_state(params, opt, seed=0)
-    sampler = Sampler(gd, SamplingConfig(max_new_tokens=T, num_samples=G, temperature=1.0,
-                                         pad_token_id=tok.pad_token_id))  # no stop token: exactly T tokens
-    data = prompt_dataset(ListSource([{"prompt": job["prompt"]}], "bench"), tok,
-                          PromptDataConfig(batch_size=1, chat=False), process_index=0, process_count=1)
-    stamps = []
+    ref = jax.tree.map(lambda x: x.copy(), params) if beta else None
+    sampler = Sampler(gd, SamplingConfig(max_new_tokens=t_new, num_samples=G, temperature=1.0,
+                                         pad_token_id=tok.pad_token_id),  # no stop token: exactly T tokens
+                      length_buckets=(job["prompt_bucket"],))
+    data = prompt_dataset(ListSource([{"prompt": p} for p in prompts], "bench"), tok,
+                          PromptDataConfig(batch_size=len(prompts), chat=False, shuffle=False), process_index=0,
+                          process_count=1)
+    stamps, walls = [], []
     compiles = _compile_clock()
     trainer = RLTrainer(gd, state, make_train_step(gd, opt, rec.objective), sampler, data, Rewards([length_reward]),
-                        rec, tok, seed=0, log_fn=lambda m: stamps.append(time.perf_counter()))
+                        rec, tok, seed=0, ref_params=ref, shared_prefix=plan,
+                        log_fn=lambda m: (stamps.append(time.perf_counter()), walls.append(time.time())))
     stamps.append(time.perf_counter())
     hist = trainer.run(job["warmup"] + job["repeats"])
     med, steps = _stats(stamps, job["warmup"])
@@ -140,7 +206,8 @@ def worker_ours(job: dict) -> dict:
             "completion_len_mean": [h["response/length_mean"] for h in hist],
             "min_len": min(h["response/length_mean"] for h in hist),
             "params": int(n_params), "version": f"jax {jax.__version__}",
-            "loss": [h.get("loss") for h in hist]}
+            "loss": [h.get("loss") for h in hist], "shared_prefix": plan.rows_per_prompt if plan else 0,
+            **_launch_stats(job, walls[0])}
 
 
 def worker_trl(job: dict) -> dict:
@@ -155,39 +222,51 @@ def worker_trl(job: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(job["model_dir"])
     ids = tok(job["prompt"], add_special_tokens=False)["input_ids"]
+    check_t0 = time.time()
     with torch.no_grad():
         x = torch.tensor([ids])
         logits = model(x).logits.float()
         check = float(torch.log_softmax(logits[0, :-1], -1).gather(-1, x[0, 1:, None]).sum())
+    job["check_s"] = time.time() - check_t0
     if job.get("check_only"):
         return {"prompt_tokens": len(ids), "prompt_logp": check}
 
     stamps: list[float] = []
+    walls: list[float] = []
     lengths: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
+            walls.append(time.time())
 
     def reward(prompts, completions, completion_ids=None, **kwargs):
         lengths.append(min(len(c) for c in completion_ids))
         return length_reward(prompts, completions)
 
     steps = job["warmup"] + job["repeats"]
+    prompts, t_new, beta = _shape(job)
+    b = len(prompts)
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(output_dir=out, per_device_train_batch_size=G, num_generations=G, max_completion_length=T,
-                          beta=0.0, bf16=False, use_cpu=True, learning_rate=LR, weight_decay=0.0, max_grad_norm=1.0,
-                          temperature=1.0, top_k=0, top_p=1.0, generation_kwargs={"min_new_tokens": T},
-                          loss_type="grpo", gradient_checkpointing=False, max_steps=steps, report_to="none",
-                          save_strategy="no", disable_tqdm=True, seed=0)
+        # generation batch = B prompts x G rows = one optimiser step (steps_per_generation = 1)
+        # with m micro-batches (gradient accumulation, to fit in memory): m x (B G / m) rows, still one
+        # optimiser step and one generation per step (steps_per_generation = gradient_accumulation_steps)
+        m = int(job.get("peer_micro_batches") or 1)
+        args = GRPOConfig(output_dir=out, per_device_train_batch_size=b * G // m, gradient_accumulation_steps=m,
+                          num_generations=G,
+                          max_completion_length=t_new, beta=beta, bf16=False, use_cpu=True, learning_rate=LR,
+                          weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_k=0, top_p=1.0,
+                          generation_kwargs={"min_new_tokens": t_new}, loss_type="grpo", gradient_checkpointing=False,
+                          max_steps=steps, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+                          shuffle_dataset=False)
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tok,
-                              train_dataset=Dataset.from_dict({"prompt": [job["prompt"]] * steps}),
+                              train_dataset=Dataset.from_dict({"prompt": prompts * steps}),
                               callbacks=[Clock()])
         stamps.append(time.perf_counter())
         trainer.train()
     med, all_steps = _stats(stamps, job["warmup"])
     return {"step_s": med, "steps_s": all_steps, "prompt_tokens": len(ids), "prompt_logp": check,
-            "completion_len_min": lengths, "min_len": min(lengths),
+            "completion_len_min": lengths, "min_len": min(lengths), **_launch_stats(job, walls[0]),
             "version": f"trl {trl.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads"}
 
 
@@ -237,29 +316,36 @@ def worker_tunix(job: dict) -> dict:
     model = _tunix_model(job["model_dir"], mesh)
     tok = AutoTokenizer.from_pretrained(job["model_dir"])
     ids = tok.encode(job["prompt"])  # what tunix's sampler does with a prompt string
+    check_t0 = time.time()
     x = jnp.asarray([ids], jnp.int32)
     n = x.shape[1]
     logits, _ = model(x, jnp.arange(n)[None], None, jnp.tril(jnp.ones((1, n, n), bool)))
     lp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), -1)
     check = float(jnp.take_along_axis(lp, x[0, 1:, None], -1).sum())
+    job["check_s"] = time.time() - check_t0
     if job.get("check_only"):
         return {"prompt_tokens": len(ids), "prompt_logp": check}
 
     prompt_len = job["prompt_bucket"]
     steps = job["warmup"] + job["repeats"]
+    prompts, t_new, beta = _shape(job)
+    b = len(prompts)
+    reference = _tunix_model(job["model_dir"], mesh) if beta else None  # tunix's KL needs its own copy
+    m = int(job.get("peer_micro_batches") or 1)  # prompts per micro-batch: b // m (the rollout stays whole)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
     cluster_config = rlc.ClusterConfig(
         role_to_mesh={rlc.Role.ACTOR: mesh, rlc.Role.REFERENCE: mesh, rlc.Role.ROLLOUT: mesh},
         rollout_engine="vanilla", offload_to_cpu=False,
         training_config=rlc.RLTrainingConfig(actor_optimizer=opt, eval_every_n_steps=10 ** 9, max_steps=steps,
-                                             mini_batch_size=1, train_micro_batch_size=1),
-        rollout_config=RolloutConfig(max_tokens_to_generate=T, max_prompt_length=prompt_len,
-                                     kv_cache_size=prompt_len + T, temperature=1.0, top_p=1.0, top_k=None,
+                                             mini_batch_size=b, train_micro_batch_size=b // m,
+                                             rollout_micro_batch_size=b, compute_logps_micro_batch_size=b // m),
+        rollout_config=RolloutConfig(max_tokens_to_generate=t_new, max_prompt_length=prompt_len,
+                                     kv_cache_size=prompt_len + t_new, temperature=1.0, top_p=1.0, top_k=None,
                                      eos_tokens=[-1]))  # an id never sampled: every row runs T steps
-    cluster = rlc.RLCluster(actor=model, reference=None, tokenizer=tok, cluster_config=cluster_config)
+    cluster = rlc.RLCluster(actor=model, reference=reference, tokenizer=tok, cluster_config=cluster_config)
     lengths: list[float] = []
 
-    learner = GRPOLearner(rl_cluster=cluster, algo_config=GRPOConfig(num_generations=G, num_iterations=1, beta=0.0,
+    learner = GRPOLearner(rl_cluster=cluster, algo_config=GRPOConfig(num_generations=G, num_iterations=1, beta=beta,
                                                                      epsilon=0.2), reward_fns=[length_reward])
     generate = cluster.generate
 
@@ -270,6 +356,7 @@ def worker_tunix(job: dict) -> dict:
 
     cluster.generate = generate_and_count
     stamps: list[float] = []
+    walls: list[float] = []
     compiles = _compile_clock()
     inner = learner._run_global_step
 
@@ -277,19 +364,20 @@ def worker_tunix(job: dict) -> dict:
         out = inner(*a, **kw)
         jax.block_until_ready(nnx.state(cluster.actor_trainer.model))
         stamps.append(time.perf_counter())
+        walls.append(time.time())
         return out
 
     learner._run_global_step = timed_global_step
     stamps.append(time.perf_counter())
     # a batch's fields are arrays (tunix repeats each leaf G times with np.repeat)
-    learner.train([{"prompts": np.array([job["prompt"]])} for _ in range(steps)])
+    learner.train([{"prompts": np.array(prompts)} for _ in range(steps)])
     med, all_steps = _stats(stamps, job["warmup"])
     return {"step_s": med, "steps_s": all_steps, "compile_s": _compile_per_step(stamps, compiles),
             "prompt_tokens": len(ids), "prompt_logp": check, "completion_len_min": lengths, "min_len": min(lengths),
-            "version": f"google-tunix {version('google-tunix')}, jax {jax.__version__}"}
+            **_launch_stats(job, walls[0]), "version": f"google-tunix {version('google-tunix')}, jax {jax.__version__}"}
 
 
-WORKERS = {"ours": worker_ours, "trl": worker_trl, "tunix": worker_tunix}
+WORKERS = {"ours": worker_ours, "ours-warm": worker_ours, "trl": worker_trl, "tunix": worker_tunix}
 
 
 # --------------------------------------------------------------------------- driver
@@ -323,7 +411,8 @@ def run_worker(impl: str, job: dict) -> dict:
         return {"error": f"{py} missing (run scripts/setup_{'peers' if impl == 'trl' else impl}.sh)"}
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
-    p = subprocess.run([str(py), __file__, "--worker", impl, "--job", json.dumps(job)], env=env, cwd=str(ROOT),
+    job = dict(job, launched=time.time())
+    p = subprocess.run([str(py), __file__, "--worker", "ours" if impl == "ours-warm" else impl, "--job", json.dumps(job)], env=env, cwd=str(ROOT),
                        capture_output=True, text=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
     if p.returncode != 0 or not lines:
@@ -336,7 +425,7 @@ def run_worker(impl: str, job: dict) -> dict:
     return res
 
 
-def _row(name: str, label: str, res: dict, notes: list[str], n_expected: int) -> str:
+def _row(name: str, label: str, res: dict, notes: list[str], n_expected: int, t_new: int = T) -> str:
     ok = {k: v for k, v in res.items() if "error" not in v}
     for k, v in res.items():
         if "error" in v:
@@ -344,8 +433,8 @@ def _row(name: str, label: str, res: dict, notes: list[str], n_expected: int) ->
     for k, v in ok.items():
         if v["prompt_tokens"] != n_expected:
             notes.append(f"{name}, {k}: the prompt was tokenised to {v['prompt_tokens']} tokens, not {n_expected}")
-        if v["min_len"] < T:
-            notes.append(f"{name}, {k}: some completions were shorter than {T} tokens ({v['min_len']})")
+        if v["min_len"] < t_new:
+            notes.append(f"{name}, {k}: some completions were shorter than {t_new} tokens ({v['min_len']})")
         if len(v.get("compile_s", [])) > 1 and v["compile_s"][1] >= 0.5:
             notes.append(f"{name}, {k}: XLA compiled again in step 2 ({v['compile_s'][1]:.1f} s)")
         late = sum(v.get("compile_s", [])[len(v["warmup_s"]):])
@@ -373,18 +462,42 @@ def _row(name: str, label: str, res: dict, notes: list[str], n_expected: int) ->
     ph = ok.get("ours", {}).get("phases_s")
     phases = (f"{ph['rollout']:.2f} / {ph['update']:.2f} / {ph['data'] + ph['rewards'] + ph['prepare']:.2f}"
               if ph else "n/a")
+    def first(k):
+        return f"{ok[k]['first_step_s']:.0f}" if k in ok and "first_step_s" in ok[k] else "n/a"
+
+    def rss(k):
+        return f"{ok[k]['peak_rss_gb']:.1f}" if k in ok and "peak_rss_gb" in ok[k] else "n/a"
+
+    first_cells = f"{first('trl')} / {first('tunix')} / {first('ours')}"
+    if "ours-warm" in res:
+        first_cells += f" / {first('ours-warm')}"
+        if "ours-warm" in ok and "tunix" in ok:
+            first_cells += f" ({ok['tunix']['first_step_s'] / ok['ours-warm']['first_step_s']:.1f}x vs tunix)"
     return (f"| {name} ({label}{size}) | {cell('trl')} | {cell('tunix')} | {cell('ours')} | {ratio('trl')} | "
-            f"{ratio('tunix')} | {phases} | {warm('trl')}; {warm('tunix')}; {warm('ours')} |")
+            f"{ratio('tunix')} | {phases} | {first_cells} | {rss('trl')} / {rss('tunix')} / {rss('ours')} | "
+            f"{warm('trl')}; {warm('tunix')}; {warm('ours')} |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
-    ap.add_argument("--impls", default="ours,trl,tunix", help="comma-separated: ours, trl, tunix")
+    ap.add_argument("--impls", default="ours,ours-warm,trl,tunix",
+                    help="comma-separated: ours (cold compilation cache), ours-warm (the same run again on the cache ours "
+                         "filled), trl, tunix")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps (compilation)")
     ap.add_argument("--torch-threads", type=int, default=0, help="TRL's torch threads (default: all cores)")
     ap.add_argument("--check-only", action="store_true", help="only compare the loaded models (prompt log-prob)")
+    ap.add_argument("--shape", choices=("one-prompt", "realistic"), default="one-prompt",
+                    help="one-prompt: 1 chat prompt x 8 x 64 new tokens; realistic: B distinct prompts of about "
+                         "--prompt-tokens tokens (8 for tiny, 4 for smollm2) x 8 x --new-tokens")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0: a reference model in every impl)")
+    ap.add_argument("--no-shared-prefix", action="store_true", help="ours: the row-by-row update")
+    ap.add_argument("--peer-micro-batches", default="",
+                    help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
+                         "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -416,22 +529,34 @@ def main():
             vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
             if max(ids) >= vocab:
                 raise SystemExit(f"prompt token {max(ids)} is outside the model's {vocab}-token vocabulary")
-            job = {"model_dir": str(model_dir), "prompt": prompt, "warmup": a.warmup, "repeats": a.repeats,
-                   "prompt_bucket": bucket(len(ids), (32, 64, 128, 256, 512, 1024, 2048)),
-                   "check_only": a.check_only, "torch_threads": a.torch_threads}
+            t_new, prompts = T, [prompt]
+            if a.shape == "realistic":
+                prompts = long_prompts(tok, {"tiny": 8, "smollm2": 4}[name], a.prompt_tokens)
+                prompt, t_new = prompts[0], a.new_tokens
+                ids = tok(prompt, add_special_tokens=False)["input_ids"]
+                n_prompt = len(ids)
+            longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+            micro = dict(kv.split("=") for kv in a.peer_micro_batches.split(",") if kv) if a.peer_micro_batches else (
+                {"smollm2": "4"} if a.shape == "realistic" else {})
+            job = {"model_dir": str(model_dir), "peer_micro_batches": int(micro.get(name, 1)), "prompt": prompt, "prompts": prompts, "new_tokens": t_new,
+                   "beta": a.beta, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
+                   "prompt_bucket": bucket(longest, (32, 64, 128, 256, 512, 1024, 2048)),
+                   "check_only": a.check_only, "torch_threads": a.torch_threads,
+                   "compile_cache": str(Path(tmp) / f"xla-cache-{name}")}  # ours: cold, then ours-warm reads it
             res = {}
             for impl in impls:
                 print(f"[{name}] {impl} ...", flush=True)
-                res[impl] = run_worker(impl, job)
+                # ours-warm only measures the launch on a warm cache: two steps are enough
+                res[impl] = run_worker(impl, dict(job, warmup=1, repeats=1) if impl == "ours-warm" else job)
                 if "steps_s" in res[impl]:
-                    res[impl]["warmup_s"] = res[impl]["steps_s"][:a.warmup]
+                    res[impl]["warmup_s"] = res[impl]["steps_s"][:1 if impl == "ours-warm" else a.warmup]
                 versions.update({impl: res[impl]["version"]} if "version" in res[impl] else {})
                 print(f"[{name}] {impl}: {json.dumps(res[impl])}", flush=True)
             if a.check_only:
                 print(f"[{name}] {len(ids)} prompt tokens; summed prompt log-probs: "
                       + ", ".join(f"{k} {v.get('prompt_logp', v.get('error'))}" for k, v in res.items()))
                 continue
-            rows.append(_row(name, label, res, notes, len(ids)))
+            rows.append(_row(name, label, res, notes, len(ids), t_new))
             print(rows[-1], flush=True)
     if a.check_only:
         return
@@ -450,13 +575,29 @@ def main():
         "Reproduce (after `bash scripts/setup_peers.sh` and `bash scripts/setup_tunix.sh`): "
         "`.venv/bin/python benchmarks/grpo_step_vs_peers.py --write`.\n\n"
         "| model | TRL s | tunix s | ours s | speed-up vs TRL | speed-up vs tunix | ours rollout / update / rest s "
-        "| warm-up steps s (TRL; tunix; ours) |\n"
-        "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+        "| launch to end of step 1, s (TRL / tunix / ours cold cache / ours warm cache) | peak RSS GB (TRL / tunix "
+        "/ ours) | warm-up steps s (TRL; tunix; ours) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    section = "grpo_step_vs_peers"
+    if a.shape == "realistic":
+        section = f"grpo_step_vs_peers, realistic shapes, beta {a.beta:g}"
+        body = (
+            f"The same comparison at realistic shapes: B distinct chat prompts per step (8 for tiny, 4 for smollm2), "
+            f"each a long system prompt of worked examples plus its own question, {a.prompt_tokens - 8}-"
+            f"{a.prompt_tokens} tokens, x 8 completions x exactly {a.new_tokens} new tokens; beta = {a.beta:g} "
+            f"({'no reference model' if not a.beta else 'a reference model and the k3 KL term in every implementation'}"
+            f"); ours {'row by row' if a.no_shared_prefix else 'with its default shared-prefix update'}. "
+            "Everything else as in the section above (float32, one AdamW update per rollout, medians of "
+            f"{a.repeats} steps after {a.warmup} warm-up steps). "
+            f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
+            f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
+            f"--repeats {a.repeats} --warmup {a.warmup} --write`.\n\n"
+            + body[body.index("| model | TRL s"):])
     if notes:
         body += "\n\n" + "\n".join(f"- {n}" for n in notes)
     print(body)
     if a.write:
-        write_section("grpo_step_vs_peers", body)
+        write_section(section, body)
 
 
 if __name__ == "__main__":

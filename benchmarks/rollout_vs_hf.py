@@ -10,7 +10,9 @@ model FLOPs per run (2 x non-embedding parameters x tokens + LM head + attention
 time, relative to a float32 2048^3 matmul measured in the same run (XLA:CPU).
 
 Models: a ~8M-parameter Qwen2-style model (random weights) and the embedded
-SmolLM2-135M-Instruct (float32; and bfloat16 on both sides).
+SmolLM2-135M-Instruct (float32; bfloat16 on both sides; ours float32 weights decoded in bfloat16 against HF
+in bfloat16). ``--distinct`` (default on) adds batches of 8 and 32 distinct prompts, greedy, one completion
+each.
 
 Run: ``.venv/bin/python benchmarks/rollout_vs_hf.py [--repeats 3] [--write]``.
 """
@@ -80,9 +82,10 @@ def matmul_gflops() -> float:
     return 2 * 2048 ** 3 / statistics.median(ts) / 1e9
 
 
-def run_ours(model, prompts: np.ndarray, repeats: int):
+def run_ours(model, prompts: np.ndarray, repeats: int, g: int = G, greedy: bool = False, weight_dtype=None):
     gd, params = nnx.split(model)
-    sampler = Sampler(gd, SamplingConfig(max_new_tokens=T, num_samples=G), length_buckets=(P,))
+    sampler = Sampler(gd, SamplingConfig(max_new_tokens=T, num_samples=g, greedy=greedy, weight_dtype=weight_dtype),
+                      length_buckets=(P,))
     plist = [list(p) for p in prompts]
     t0 = time.perf_counter()
     out = sampler(params, plist, jax.random.key(0))
@@ -98,13 +101,13 @@ def run_ours(model, prompts: np.ndarray, repeats: int):
     return statistics.median(ts), first
 
 
-def run_hf(model, prompts: np.ndarray, repeats: int):
+def run_hf(model, prompts: np.ndarray, repeats: int, g: int = G, greedy: bool = False):
     import torch
 
     ids = torch.tensor(prompts.astype(np.int64))
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=T,
-              num_return_sequences=G, attention_mask=torch.ones_like(ids),
-              pad_token_id=model.config.eos_token_id or 0)
+    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    kw = dict(**sampling, max_new_tokens=T, min_new_tokens=T, num_return_sequences=g,
+              attention_mask=torch.ones_like(ids), pad_token_id=model.config.eos_token_id or 0)
     with torch.no_grad():
         model.generate(ids, **kw)
         ts = []
@@ -112,7 +115,7 @@ def run_hf(model, prompts: np.ndarray, repeats: int):
             t0 = time.perf_counter()
             out = model.generate(ids, **kw)
             ts.append(time.perf_counter() - t0)
-    assert out.shape == (len(prompts) * G, P + T)
+    assert out.shape == (len(prompts) * g, P + T)
     return statistics.median(ts)
 
 
@@ -120,7 +123,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--models", default="qwen2-8m,smollm2,smollm2-bf16")
+    ap.add_argument("--models", default="qwen2-8m,smollm2,smollm2-bf16,smollm2-bf16w",
+                    help="qwen2-8m, smollm2 (float32), smollm2-bf16 (both in bfloat16), smollm2-bf16w (ours: float32 "
+                         "weights decoded in bfloat16; HF in bfloat16)")
+    ap.add_argument("--distinct", action="store_true", default=True,
+                    help="also batches of distinct prompts, one greedy completion each (default on)")
+    ap.add_argument("--no-distinct", dest="distinct", action="store_false")
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -131,34 +139,44 @@ def main():
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
+            weight_dtype = None
             if name == "qwen2-8m":
                 hf, _ = qwen2_8m(Path(tmp) / "q")
                 ours = load_hf(Path(tmp) / "q")
-            else:
-                bf16 = name.endswith("bf16")
-                dt = "bfloat16" if bf16 else "float32"
+            elif name in ("smollm2", "smollm2-bf16", "smollm2-bf16w"):
+                # smollm2-bf16: both sides' models in bfloat16; smollm2-bf16w: ours keeps float32 weights
+                # and decodes with them cast to bfloat16 (SamplingConfig.weight_dtype), HF in bfloat16
+                bf16 = name != "smollm2"
+                dt = "bfloat16" if name == "smollm2-bf16" else "float32"
+                weight_dtype = "bfloat16" if name == "smollm2-bf16w" else None
                 ours, _ = load_smollm2(param_dtype=dt, dtype=dt)
                 p = smollm2_path()
                 hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
                                                           dtype=torch.bfloat16 if bf16 else torch.float32).eval()
+            else:
+                raise SystemExit(f"unknown model {name!r}")
             total, _ = n_params(ours)
-            for batch in (8, 32):
-                prompts = rng.integers(3, ours.cfg.vocab_size, (batch // G, P))
-                t_ours, first = run_ours(ours, prompts, a.repeats)
-                t_hf = run_hf(hf, prompts, a.repeats)
-                util = flops(ours, batch, batch // G) / t_ours / 1e9 / peak
-                row = (f"| {name} ({total / 1e6:.0f}M) | {batch} | {t_hf:.2f} | {t_ours:.2f} | {t_hf / t_ours:.2f}x | "
-                       f"{batch * T / t_ours:.0f} | {util:.0%} | {first:.0f} |")
+            shapes = [(8, G, False), (32, G, False)] + ([(8, 1, True), (32, 1, True)] if a.distinct else [])
+            for batch, g, greedy in shapes:
+                prompts = rng.integers(3, ours.cfg.vocab_size, (batch // g, P))
+                t_ours, first = run_ours(ours, prompts, a.repeats, g, greedy, weight_dtype)
+                t_hf = run_hf(hf, prompts, a.repeats, g, greedy)
+                util = flops(ours, batch, batch // g) / t_ours / 1e9 / peak
+                what = f"{batch // g} x {g} sampled" if g > 1 else f"{batch} distinct, greedy"
+                row = (f"| {name} ({total / 1e6:.0f}M) | {batch} ({what}) | {t_hf:.2f} | {t_ours:.2f} | "
+                       f"{t_hf / t_ours:.2f}x | {batch * T / t_ours:.0f} | {util:.0%} | {first:.0f} |")
                 rows_out.append(row)
                 print(row, flush=True)
             del hf
     body = ("Decode throughput of `jaxrl_llm.rollout.Sampler` vs `transformers` `generate` (torch "
             f"{torch.__version__}, 2 threads) on the same weights, same run: 64-token prompts, 128 new tokens, "
             "temperature-1 sampling without top-k/top-p, G = 8 completions per prompt (batch 8 = 1 prompt, "
-            f"batch 32 = 4 prompts). Medians of {a.repeats} runs after warm-up; utilisation = model FLOPs / time / "
+            "batch 32 = 4 prompts); and batches of distinct prompts with one greedy completion each (no prefix "
+            "shared: both sides prefill every row). smollm2-bf16w: ours keeps the float32 weights and decodes with "
+            "them cast to bfloat16 (`SamplingConfig.weight_dtype`), against HF in bfloat16. Medians of {a.repeats} runs after warm-up; utilisation = model FLOPs / time / "
             f"matmul rate ({peak:.0f} GFLOP/s for a float32 2048^3 matmul in this run). Machine: {machine()}. "
             "Reproduce: `.venv/bin/python benchmarks/rollout_vs_hf.py --write`.\n\n"
-            "| model | batch | HF s | ours s | speed-up | ours tokens/s | ours utilisation | ours first call s "
+            "| model | batch (prompts) | HF s | ours s | speed-up | ours tokens/s | ours utilisation | ours first call s "
             "(compile + run) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows_out))
     print(body)
     if a.write:

@@ -19,7 +19,7 @@ rollout >= T x (decode-dots time) + prefill FLOPs at the matmul peak; update >= 
 x tokens at the matmul peak (or the grad dots, if slower) + the measured AdamW pass. With ``--peers-s TRL,TUNIX`` it also prints the 2x target.
 
 Run: ``.venv/bin/python benchmarks/step_floor.py --model smollm2-135m [--write --peers-s 9.75,12.27]``
-(``--model``: a ``jaxrl_llm.models.PRESETS`` name, or ``qwen2-8m`` for the tiny model; weights are random, only shapes matter).
+(``--prompts B --prompt-tokens P --completion-tokens T [--shared-prefix] [--reference]`` for the realistic shapes; ``--model``: a ``jaxrl_llm.models.PRESETS`` name, or ``qwen2-8m`` for the tiny model; weights are random, only shapes matter).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import machine, median_time, write_section  # noqa: E402
 
 
-def rates(cfg, batch: int, steps: int, tokens: int, n: int, repeats: int) -> dict:
+def rates(cfg, batch: int, steps: int, tokens: int, n: int, repeats: int, logit_tokens: int | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
@@ -94,8 +94,9 @@ def rates(cfg, batch: int, steps: int, tokens: int, n: int, repeats: int) -> dic
     def grad_dots(layer_loop):
         def run(layers, emb, h):
             h, dws = layer_loop(layers, h)
-            logits = jnp.dot(h[:, :d], emb)
-            return jnp.dot(logits, emb.T).sum(), jnp.dot(h[:, :d].T, logits), dws
+            hl = h[:logit_tokens, :d]  # the rows whose next token is scored (all, or the completions')
+            logits = jnp.dot(hl, emb)
+            return jnp.dot(logits, emb.T).sum(), jnp.dot(hl.T, logits), dws
         return jax.jit(run)
 
     def grad_scanned(layers, h):
@@ -139,7 +140,11 @@ def rates(cfg, batch: int, steps: int, tokens: int, n: int, repeats: int) -> dic
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="a jaxrl_llm.models.PRESETS name or qwen2-8m")
-    ap.add_argument("--group", type=int, default=8, help="completions per prompt (decode batch)")
+    ap.add_argument("--group", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--prompts", type=int, default=1, help="distinct prompts per step (decode batch = prompts x group)")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="the update encodes each prompt once (train.shared_prefix) and scores completion tokens only")
+    ap.add_argument("--reference", action="store_true", help="beta > 0: add the reference model's log-prob forward")
     ap.add_argument("--prompt-tokens", type=int, default=27)
     ap.add_argument("--completion-tokens", type=int, default=64)
     ap.add_argument("--n", type=int, default=2048, help="matmul size for the compute peak")
@@ -156,22 +161,30 @@ def main():
                           num_kv_heads=2, head_dim=32, intermediate_size=768, tie_embeddings=True)
     else:
         cfg = preset(args.model, dtype="float32", param_dtype="float32")
-    r = rates(cfg, args.group, args.completion_tokens,
-              args.group * (args.prompt_tokens + args.completion_tokens), args.n, args.repeats)
+    G, B, P, T = args.group, args.prompts, args.prompt_tokens, args.completion_tokens
+    # tokens through the layers in the update, and tokens whose next-token log-prob is computed
+    layer_tokens = B * P + B * G * T if args.shared_prefix else B * G * (P + T)
+    logit_tokens = B * G * T if args.shared_prefix else layer_tokens
+    r = rates(cfg, B * G, T, layer_tokens, args.n, args.repeats, logit_tokens)
     emb = cfg.vocab_size * cfg.hidden_size
     body = cfg.num_layers * (cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
                              + cfg.num_heads * cfg.head_dim * cfg.hidden_size
                              + (3 if cfg.gated_mlp else 2) * cfg.hidden_size * cfg.intermediate_size)
     params = body + emb * (1 if cfg.tie_embeddings else 2)
     peak = r["matmul_gflops"] * 1e9
-    G, P, T = args.group, args.prompt_tokens, args.completion_tokens
-    prefill = 2 * (body + emb) * G * P / peak
+    prefill = 2 * (body + emb) * B * P / peak
     rollout = prefill + T * r["decode_dots_s"]
-    update_mm = max(6 * (body + emb) * G * (P + T) / peak, r["grad_dots_s"])
+    fwd_flops = 2 * (body * layer_tokens + emb * logit_tokens)
+    update_mm = max(3 * fwd_flops / peak, r["grad_dots_s"])
+    reference = fwd_flops / peak if args.reference else 0.0
     adamw = r["adamw_s"]
-    floor = rollout + update_mm + adamw
+    floor = rollout + reference + update_mm + adamw
+    shape = ("default" if (B, P, T) == (1, 27, 64) and not args.shared_prefix and not args.reference
+             else f"{B}x{G}, {P}+{T}" + (", shared prefix" if args.shared_prefix else "")
+             + (", reference" if args.reference else ""))
     out = {"model": args.model, "params": params, **{k: round(v, 4) for k, v in r.items()},
-           "rollout_floor_s": round(rollout, 3), "update_floor_s": round(update_mm + adamw, 3),
+           "rollout_floor_s": round(rollout, 3), "reference_floor_s": round(reference, 3),
+           "update_floor_s": round(update_mm + adamw, 3),
            "step_floor_s": round(floor, 3)}
     peers = [float(x) for x in args.peers_s.split(",") if x]
     if peers:
@@ -180,24 +193,31 @@ def main():
     if args.write:
         lines = [
             f"{machine()}. Reproduce: `.venv/bin/python benchmarks/step_floor.py --model {args.model} "
-            f"--peers-s {args.peers_s}" + (f" --ours-s {args.ours_s}" if args.ours_s else "") + " --write`.",
+            + (f"--prompts {B} --prompt-tokens {P} --completion-tokens {T} " if shape != "default" else "")
+            + ("--shared-prefix " if args.shared_prefix else "") + ("--reference " if args.reference else "")
+            + f"--peers-s {args.peers_s}" + (f" --ours-s {args.ours_s}" if args.ours_s else "") + " --write`.",
             "",
             f"Lower bounds for one GRPO step of `{args.model}` ({params / 1e6:.0f}M params, float32; "
-            f"1 prompt x {G} completions, {P} + {T} tokens) from rates XLA reaches on this machine. They leave "
+            f"{B} prompt{'s' if B > 1 else ''} x {G} completions, {P} + {T} tokens"
+            + ("; the update encodes each prompt once and scores the completion tokens only" if args.shared_prefix
+               else "") + ("; a reference log-prob forward" if args.reference else "")
+            + ") from rates XLA reaches on this machine. They leave "
             "out attention, norms, sampling, the loss and all overhead, so no implementation reaches them. "
             "They bound JAX code on XLA:CPU (its dot is the only matmul JAX has here), not torch's kernels.",
             "",
             "| rate | measured |",
             "|---|---|",
             f"| float32 matmul {args.n}^3 | {r['matmul_gflops']:.0f} GFLOP/s |",
-            f"| decode step's weight matmuls at batch {G} | {r['decode_dots_s'] * 1e3:.1f} ms, "
+            f"| decode step's weight matmuls at batch {B * G} | {r['decode_dots_s'] * 1e3:.1f} ms, "
             f"{r['decode_dots_gbs']:.1f} GB/s of weights |",
-            f"| forward + backward matmuls of the update ({G * (P + T)} tokens) | {r['grad_dots_s']:.2f} s |",
+            f"| forward + backward matmuls of the update ({layer_tokens} tokens, {logit_tokens} scored) "
+            f"| {r['grad_dots_s']:.2f} s |",
             f"| `optax.adamw` update + apply, donated | {r['adamw_s']:.2f} s |",
             "",
             "| phase | floor s |",
             "|---|---|",
             f"| rollout: prefill at peak + {T} x decode dots | {rollout:.2f} |",
+            *([f"| reference log-probs: the forward matmuls at peak | {reference:.2f} |"] if args.reference else []),
             f"| update: forward + backward matmuls + the AdamW pass | {update_mm + adamw:.2f} |",
             f"| **step** | **{floor:.2f}** |",
         ]
@@ -205,7 +225,8 @@ def main():
             lines += ["", f"Peers' step (TRL, tunix; `grpo_step_vs_peers`): {peers[0]:.2f} s, {peers[1]:.2f} s; "
                           f"2x faster than both means <= {min(peers) / 2:.2f} s"
                           + (f"; ours measured {args.ours_s:.2f} s" if args.ours_s else "") + "."]
-        write_section(f"grpo_step_floor ({args.model})", "\n".join(lines))
+        title = f"grpo_step_floor ({args.model})" if shape == "default" else f"grpo_step_floor ({args.model}, {shape})"
+        write_section(title, "\n".join(lines))
 
 
 if __name__ == "__main__":

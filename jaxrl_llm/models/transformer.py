@@ -29,6 +29,7 @@ jitted code takes ``params`` and calls :func:`apply`, which merges inside.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -180,6 +181,28 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     y = jax.lax.dot_general(x.reshape(-1, k), w.reshape(k, n), (((1,), (0,)), ((), ())),
                             preferred_element_type=jnp.float32)
     return y.reshape(tuple(lead) + tuple(n_shape))
+
+
+def with_compute_dtype(model: nnx.Module, dtype: Any) -> nnx.Module:
+    """``model`` (merged, e.g. inside a jitted function) set to compute in ``dtype``: every
+    module's matmul-input / output dtype and ``model.cfg.dtype`` (the KV cache's dtype). The
+    weights are not touched: cast them before merging (:func:`cast_floating`) to also store them
+    in ``dtype``. Norms and softmaxes still compute in float32; matmuls accumulate in float32."""
+    dt = jnp.dtype(dtype)
+    for _, m in nnx.iter_modules(model):
+        if isinstance(getattr(m, "dtype", None), jnp.dtype):
+            m.dtype = dt
+        cfg = getattr(m, "cfg", None)
+        if isinstance(cfg, ModelConfig):
+            m.cfg = dataclasses.replace(cfg, dtype=dt.name)
+    return model
+
+
+def cast_floating(tree: Any, dtype: Any) -> Any:
+    """Every floating-point array leaf of ``tree`` cast to ``dtype`` (others unchanged)."""
+    dt = jnp.dtype(dtype)
+    return jax.tree.map(lambda x: x.astype(dt) if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+                        else x, tree)
 
 
 class Proj(nnx.Module):

@@ -40,7 +40,7 @@ from flax import nnx
 
 from jaxrl_llm.models.transformer import init_cache, unstack_layers
 from jaxrl_llm.rollout.sampler import _repeat_rows, decode
-from jaxrl_llm.rollout.sampling import SamplingConfig
+from jaxrl_llm.rollout.sampling import SamplingConfig, sampling_model
 from jaxrl_llm.shapes import bucket, pad_prompts
 
 __all__ = ["Turn", "prefill_and_decode", "extend_and_decode", "MultiTurnSampler"]
@@ -71,7 +71,7 @@ def prefill_and_decode(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.A
                        unroll_layers: bool = False) -> tuple[Turn, Any]:
     """First turn: ``config.num_samples`` episodes per left-padded prompt ``[B, P]``; returns the
     turn (``N = B * G`` rows) and the cache (``context_len`` slots) to continue from."""
-    model = nnx.merge(graphdef, params, *others)
+    model = sampling_model(graphdef, params, others, config)
     layers = _layers(model, unroll_layers)
     b = prompt_tokens.shape[0]
     n = b * config.num_samples
@@ -91,7 +91,7 @@ def extend_and_decode(graphdef: nnx.GraphDef, params: Any, cache: Any, obs_token
                       unroll_layers: bool = False) -> tuple[Turn, Any]:
     """Next turn: prefill the observations ``[N, O]`` (left-padded; a row that is not ``live``
     is all padding) onto ``cache`` and decode the live rows. The cache is donated."""
-    model = nnx.merge(graphdef, params, *others)
+    model = sampling_model(graphdef, params, others, config)
     layers = _layers(model, unroll_layers)
     h, cache = model(obs_tokens, obs_mask & live[:, None], cache=cache, layers=layers)
     out = decode(model, layers, model.logits(h[:, -1]), cache, ~live, key, config)

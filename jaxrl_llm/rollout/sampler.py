@@ -23,7 +23,7 @@ from flax import nnx
 from jaxrl_llm.models.transformer import init_cache, unstack_layers
 from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.parallel.sharding import constrain, logical_sharding, state_shardings
-from jaxrl_llm.rollout.sampling import SamplingConfig, sample_tokens
+from jaxrl_llm.rollout.sampling import SamplingConfig, sample_tokens, sampling_model
 from jaxrl_llm.shapes import bucket, pad_prompts  # re-exported: their home was here
 
 __all__ = ["Rollout", "generate", "decode", "Sampler", "bucket", "pad_prompts"]
@@ -97,7 +97,7 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     Returns:
       :class:`Rollout` with ``N = B * G`` rows and ``T = config.max_new_tokens`` columns.
     """
-    model = nnx.merge(graphdef, params, *others)
+    model = sampling_model(graphdef, params, others, config)
     cfg = model.cfg
     layers = None
     if unroll_layers:
@@ -236,6 +236,9 @@ class Sampler:
         self.unroll_layers = unroll_layers
 
     def _unroll(self, params: Any, *others: Any) -> bool:
+        wd = self.config.weight_dtype
+        if self.unroll_layers == "auto" and wd is not None and wd != "float32":
+            return True  # decoded in 16 bits: as a 16-bit model (see the class docstring)
         return resolve_unroll(self.unroll_layers, params, *others, max_bytes=self.UNROLL_MAX_BYTES)
 
     def _rows(self, b: int) -> int:

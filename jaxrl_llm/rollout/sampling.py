@@ -35,6 +35,12 @@ class SamplingConfig:
       stop_token_ids: a row is done after emitting any of them (it is kept in the mask).
       forbidden_token_ids: never sampled (their logits are set to -inf).
       pad_token_id: fills completions after they end.
+      weight_dtype: the dtype the sampler decodes in (``None``: the model's own). With
+        ``"bfloat16"`` the weights are cast once per rollout (the training weights stay as they
+        are), matmuls take bfloat16 inputs and accumulate in float32, and the KV cache is
+        bfloat16: half the bytes a decode step streams. The sampled tokens' log-probs are then
+        those of the cast model; a trainer corrects the mismatch with recomputed old log-probs
+        and importance weights (``recipe.old_logp=recompute``, ``recipe.is_weights``).
     """
 
     max_new_tokens: int = 128
@@ -47,6 +53,7 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] = ()
     forbidden_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    weight_dtype: str | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -63,6 +70,21 @@ class SamplingConfig:
         object.__setattr__(self, "forbidden_token_ids", tuple(int(t) for t in self.forbidden_token_ids))
         need(not set(self.stop_token_ids) & set(self.forbidden_token_ids), "forbidden_token_ids",
              "must not contain a stop token")
+        need(self.weight_dtype in (None, "float32", "bfloat16", "float16"), "weight_dtype",
+             "must be None, 'float32', 'bfloat16' or 'float16'")
+
+
+def sampling_model(graphdef, params, others: tuple, config: SamplingConfig):
+    """The merged model a sampler decodes with: as given, or with its floating-point weights
+    cast to ``config.weight_dtype`` and computing in it."""
+    from flax import nnx
+
+    from jaxrl_llm.models.transformer import cast_floating, with_compute_dtype
+
+    if config.weight_dtype is None:
+        return nnx.merge(graphdef, params, *others)
+    params, others = cast_floating((params, others), config.weight_dtype)
+    return with_compute_dtype(nnx.merge(graphdef, params, *others), config.weight_dtype)
 
 
 def _order_keys(z: jax.Array) -> jax.Array:

@@ -134,6 +134,9 @@ class TreeSampler:
             raise ValueError(f"TreeSampler: branch must be an int >= 1, got {branch!r}")
         if unroll_layers not in (True, False, "auto"):
             raise ValueError(f"TreeSampler: unroll_layers must be True, False or 'auto', got {unroll_layers!r}")
+        if config.weight_dtype is not None:
+            raise ValueError(f"TreeSampler: SamplingConfig.weight_dtype={config.weight_dtype!r} is not supported by the "
+                             "segment-tree sampler (it decodes with the model's own weights); leave it None")
         self.graphdef, self.config, self.segment, self.branch = graphdef, config, segment, branch
         self.depth = math.ceil(config.max_new_tokens / segment)
         self.length_buckets = tuple(sorted(length_buckets))

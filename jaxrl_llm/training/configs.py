@@ -102,7 +102,12 @@ class RolloutSpec:
     structure); the same run as without it, only faster. ``tree_segment``: TreePO's segment-tree
     sampling (:class:`jaxrl_llm.rollout.TreeSampler`): a prompt's responses share their first
     segments of that many tokens, the width growing by ``tree_branch`` per segment (``None``:
-    independent samples); the tree's paths feed ``recipe.advantage=treepo``."""
+    independent samples); the tree's paths feed ``recipe.advantage=treepo``. ``sampler_dtype``:
+    decode with the weights cast to this dtype (``bfloat16``: half the bytes each decode step
+    streams; the training weights stay float32; ``None``: the model's own dtype). The sampler's
+    log-probs are then those of the cast model: needs ``recipe.old_logp=recompute`` (the ratio's
+    old policy is the float32 one) and logs the mismatch (``sampler_mismatch/*``); correct it
+    with ``recipe.is_weights=tis`` or ``icepop``."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -117,6 +122,7 @@ class RolloutSpec:
     asynchronous: bool = False
     tree_segment: int | None = None
     tree_branch: int = 2
+    sampler_dtype: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,7 +139,8 @@ def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
 
     ro = cfg.rollout
     return SamplingConfig(max_new_tokens=ro.max_new_tokens, num_samples=ro.num_samples, temperature=ro.temperature,
-                          top_p=ro.top_p, stop_token_ids=tuple(stop_ids), pad_token_id=pad_id)
+                          top_p=ro.top_p, stop_token_ids=tuple(stop_ids), pad_token_id=pad_id,
+                          weight_dtype=ro.sampler_dtype)
 
 
 def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
@@ -254,6 +255,15 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     if rec.selector is None and ro.candidates > 1:
         raise ConfigError(f"rollout.candidates={ro.candidates} draws candidate prompts for a selector, but the recipe "
                           f"has none (set recipe.selector, or rollout.candidates=1)")
+    if ro.sampler_dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype!r}: must be bfloat16, float16, float32 or unset")
+    if ro.sampler_dtype is not None and ro.tree_segment is not None:
+        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} is not supported with rollout.tree_segment "
+                          "(the segment-tree sampler decodes with the model's own weights)")
+    if ro.sampler_dtype not in (None, "float32") and not rec.recompute_old_logp:
+        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} samples with cast weights: set "
+                          f"recipe.old_logp=recompute (the ratio's old policy is then the training weights', and the "
+                          f"sampler's log-probs feed the mismatch metrics and recipe.is_weights)")
     if ro.staleness and not rec.recompute_old_logp:
         raise ConfigError(f"rollout.staleness={ro.staleness} samples with an older policy: set "
                           f"recipe.old_logp=recompute (its log-probs become the behaviour policy's for the correction)")

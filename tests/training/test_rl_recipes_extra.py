@@ -122,7 +122,7 @@ class MismatchedSampler:
 
 def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2, critic_lr=1e-2, ref=False,
          stop=False, mismatch=False, aux=False, candidates=1, staleness=0, data=None, encoder=None, buckets=(P,),
-         pcl=False, tree=None, **overrides):
+         pcl=False, tree=None, weight_dtype=None, **overrides):
     """A trainer of recipe ``name`` on the toy task. Every test uses 16-row mini-batches so
     that the train steps of equal objectives compile once."""
     rec = recipe(name, num_samples=g, **overrides)  # RecipeSpec fields (choices as dicts)
@@ -137,9 +137,9 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
         critic = Critic(cgd, commit(init_train_state(cparams, copt, seed=1)),
                         cached(("step", rec.value_objective, critic_lr),
                                lambda: make_train_step(cgd, copt, rec.value_objective)))
-    sampler = cached(("sampler", g, stop, buckets), lambda: Sampler(
-        gd, SamplingConfig(max_new_tokens=T, num_samples=g, stop_token_ids=(STOP,) if stop else ()),
-        length_buckets=buckets))
+    sampler = cached(("sampler", g, stop, buckets, weight_dtype), lambda: Sampler(
+        gd, SamplingConfig(max_new_tokens=T, num_samples=g, stop_token_ids=(STOP,) if stop else (),
+                           weight_dtype=weight_dtype), length_buckets=buckets))
     if tree is not None:  # TreePO's tree sampler, segments of `tree` tokens
         from jaxrl_llm.rollout import TreeSampler
 
