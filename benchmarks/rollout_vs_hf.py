@@ -175,12 +175,15 @@ def main():
             "shared: both sides prefill every row). smollm2-bf16w: ours keeps the float32 weights and decodes with "
             "them cast to bfloat16 (`SamplingConfig.weight_dtype`), against HF in bfloat16. Medians of {a.repeats} runs after warm-up; utilisation = model FLOPs / time / "
             f"matmul rate ({peak:.0f} GFLOP/s for a float32 2048^3 matmul in this run). Machine: {machine()}. "
-            "Reproduce: `.venv/bin/python benchmarks/rollout_vs_hf.py --write`.\n\n"
+            f"Reproduce: `.venv/bin/python benchmarks/rollout_vs_hf.py --models {a.models}"
+            f"{'' if a.distinct else ' --no-distinct'} --repeats {a.repeats} --write`.\n\n"
             "| model | batch (prompts) | HF s | ours s | speed-up | ours tokens/s | ours utilisation | ours first call s "
             "(compile + run) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows_out))
     print(body)
-    if a.write:
-        write_section("rollout_vs_hf", body)
+    if a.write:  # the default models' section, or one of its own for another selection
+        default = ap.get_default("models")
+        write_section("rollout_vs_hf" if a.models == default and a.distinct else
+                      f"rollout_vs_hf ({a.models}{'' if a.distinct else ', no distinct'})", body)
 
 
 if __name__ == "__main__":
