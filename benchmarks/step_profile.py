@@ -15,7 +15,7 @@ layer scan's stacked residuals and weights: ``broadcast_in_dim`` / ``dynamic_upd
 ``dynamic_slice`` of arrays with a leading layer axis), ``logits`` (the ``[tokens, vocab]``
 arrays), the rest ``other``.
 
-Run: ``.venv/bin/python benchmarks/step_profile.py --what update --model qwen2-8m`` (or
+Run: ``.venv/bin/python benchmarks/step_profile.py --what update --model qwen2-8m [--remat dots]`` (or
 ``--model smollm2 --prompts 4``; ``--what rollout --model smollm2 --prompts 4 --new-tokens 32``).
 Prints; writes nothing.
 """
@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--unroll", action="store_true", help="rollout: unrolled layers")
+    ap.add_argument("--remat", choices=("none", "dots", "full"), default="none",
+                    help="update: the model's remat policy (dots: recompute attention, keep the projections)")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
 
@@ -105,7 +107,14 @@ def main():
     from shared_prefix import G, batch, model
 
     gd, params = model(a.model)
-    cfg = nnx.merge(gd, params).cfg
+    merged = nnx.merge(gd, params)
+    if a.remat != "none":  # the same weights under another remat policy (a static field of every layer)
+        from jaxrl_llm.models import Transformer
+
+        merged = nnx.merge(nnx.split(nnx.eval_shape(lambda: Transformer(merged.cfg.replace(remat=a.remat),
+                                                                          rngs=nnx.Rngs(0))))[0], params)
+        gd, params = nnx.split(merged)
+    cfg = merged.cfg
     with tempfile.TemporaryDirectory() as tmp:
         if a.what == "update":
             import optax

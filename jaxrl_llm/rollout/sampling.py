@@ -23,6 +23,9 @@ __all__ = ["SamplingConfig", "process_logits", "sample_tokens"]
 _NEG = -jnp.inf
 
 
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")  # SamplingConfig.weight_dtype's choices besides None
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How completions are drawn (hashable: a static argument of the jitted sampler).
@@ -35,7 +38,8 @@ class SamplingConfig:
       stop_token_ids: a row is done after emitting any of them (it is kept in the mask).
       forbidden_token_ids: never sampled (their logits are set to -inf).
       pad_token_id: fills completions after they end.
-      weight_dtype: the dtype the sampler decodes in (``None``: the model's own). With
+      weight_dtype: the dtype the sampler decodes in (``None``: the model's own; any other value
+        is a cast, even one that happens to equal the model's dtype). With
         ``"bfloat16"`` the weights are cast once per rollout (the training weights stay as they
         are), matmuls take bfloat16 inputs and accumulate in float32, and the KV cache is
         bfloat16: half the bytes a decode step streams. The sampled tokens' log-probs are then
@@ -70,13 +74,13 @@ class SamplingConfig:
         object.__setattr__(self, "forbidden_token_ids", tuple(int(t) for t in self.forbidden_token_ids))
         need(not set(self.stop_token_ids) & set(self.forbidden_token_ids), "forbidden_token_ids",
              "must not contain a stop token")
-        need(self.weight_dtype in (None, "float32", "bfloat16", "float16"), "weight_dtype",
-             "must be None, 'float32', 'bfloat16' or 'float16'")
+        need(self.weight_dtype is None or self.weight_dtype in WEIGHT_DTYPES, "weight_dtype",
+             f"must be None or one of {WEIGHT_DTYPES}")
 
 
 def sampling_model(graphdef, params, others: tuple, config: SamplingConfig):
-    """The merged model a sampler decodes with: as given, or with its floating-point weights
-    cast to ``config.weight_dtype`` and computing in it."""
+    """The merged model a sampler decodes with: as given (``config.weight_dtype`` None), or with
+    its floating-point weights cast to ``config.weight_dtype`` and computing in it."""
     from flax import nnx
 
     from jaxrl_llm.models.transformer import cast_floating, with_compute_dtype

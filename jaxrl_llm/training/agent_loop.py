@@ -298,10 +298,11 @@ class AgentTrainer(RLTrainer):
                                                                if k in rec.requires}, key=key,
                          keys=[f"{self.spec.name}:seed {s}" for s in ep.seeds])
         if rec.recompute_old_logp:
-            if "rollout_logp" in rec.requires:
+            if "rollout_logp" in rec.requires or self.sampler_cast:
                 arrays["rollout_logp"] = arrays["old_logp"]
             lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"])
             arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
+        self._behaviour_metrics(step, arrays["loss_mask"])
         from jaxrl_llm.training.providers import INTRINSIC, PROVIDERS
 
         for name in sorted(rec.requires - set(INTRINSIC) - set(AGENT_INPUTS)):

@@ -298,7 +298,8 @@ class RLTrainer(HostLoop):
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"rollout.staleness must be an int >= 0, got {staleness!r}")
         cast = getattr(getattr(sampler, "config", None), "weight_dtype", None)
-        if cast not in (None, "float32") and not recipe.recompute_old_logp:
+        self.sampler_cast = cast is not None  # the sampler decodes with cast weights: log-probs of another model
+        if self.sampler_cast and not recipe.recompute_old_logp:
             raise ValueError(f"the sampler decodes in {cast} (SamplingConfig.weight_dtype): set recipe.old_logp=recompute "
                              f"(the ratio's old policy is then the training weights', and the sampler's log-probs feed "
                              f"the mismatch metrics and the importance correction)")
@@ -890,25 +891,30 @@ class RLTrainer(HostLoop):
             step.inputs["hinted"] = np.concatenate([np.full(len(ix), i in rounds[r].hinted, np.float32)
                                                     for (r, i), ix in zip(groups, rows)])
             step.metrics["hints/hinted_rows_frac"] = float(step.inputs["hinted"][valid].mean()) if valid.any() else 0.0
-        cast = getattr(getattr(self.sampler, "config", None), "weight_dtype", None) not in (None, "float32")
         if rec.recompute_old_logp:
-            if "rollout_logp" in rec.requires or self.staleness or cast:
+            if "rollout_logp" in rec.requires or self.staleness or self.sampler_cast:
                 arrays["rollout_logp"] = arrays["old_logp"]
             lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"], prompt_len)
             arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
-        if cast and "rollout_logp" in arrays:  # the cast sampler against the training weights, same policy
-            lm = arrays["loss_mask"] & valid[:, None]
-            met = core_ratio_metrics(jnp.asarray(arrays["old_logp"] - arrays["rollout_logp"]), jnp.asarray(lm))
-            step.metrics.update({f"sampler_mismatch/{k}": float(v) for k, v in met.items()})
-        if self.staleness:  # the behaviour (stale) policy against the current one, over the trained tokens
-            lm = arrays["loss_mask"] & valid[:, None]
-            met = core_ratio_metrics(jnp.asarray(arrays["old_logp"] - arrays["rollout_logp"]), jnp.asarray(lm))
-            step.metrics.update({f"offpolicy/{k}": float(v) for k, v in met.items()})
-            step.metrics["offpolicy/staleness"] = float(self.staleness)
+        self._behaviour_metrics(step, arrays["loss_mask"] & valid[:, None])
         for name in sorted(rec.requires - set(INTRINSIC)):
             PROVIDERS[name](self, step)
         self._corrections(step)
         return step
+
+    def _behaviour_metrics(self, step: StepBatch, lm: np.ndarray) -> None:
+        """The sampler's (behaviour) log-probs against the recomputed old ones over the trained
+        tokens ``lm``: ``offpolicy/*`` for a stale sampler policy, ``sampler_mismatch/*`` for a
+        sampler with cast weights (both, when both hold: the ratio then mixes the two)."""
+        prefixes = [p for p, on in (("offpolicy", self.staleness), ("sampler_mismatch", self.sampler_cast)) if on]
+        if not prefixes:
+            return
+        a = step.arrays
+        met = core_ratio_metrics(jnp.asarray(a["old_logp"] - a["rollout_logp"]), jnp.asarray(lm))
+        for p in prefixes:
+            step.metrics.update({f"{p}/{k}": float(v) for k, v in met.items()})
+        if self.staleness:
+            step.metrics["offpolicy/staleness"] = float(self.staleness)
 
     def _corrections(self, step: StepBatch) -> None:
         """Importance weights and rejection masks from the recomputed and the sampler's log-probs."""

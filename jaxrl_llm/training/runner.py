@@ -255,12 +255,14 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     if rec.selector is None and ro.candidates > 1:
         raise ConfigError(f"rollout.candidates={ro.candidates} draws candidate prompts for a selector, but the recipe "
                           f"has none (set recipe.selector, or rollout.candidates=1)")
-    if ro.sampler_dtype not in (None, "float32", "bfloat16", "float16"):
-        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype!r}: must be bfloat16, float16, float32 or unset")
+    from jaxrl_llm.rollout.sampling import WEIGHT_DTYPES
+
+    if ro.sampler_dtype is not None and ro.sampler_dtype not in WEIGHT_DTYPES:
+        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype!r}: must be one of {WEIGHT_DTYPES} or unset")
     if ro.sampler_dtype is not None and ro.tree_segment is not None:
         raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} is not supported with rollout.tree_segment "
                           "(the segment-tree sampler decodes with the model's own weights)")
-    if ro.sampler_dtype not in (None, "float32") and not rec.recompute_old_logp:
+    if ro.sampler_dtype is not None and not rec.recompute_old_logp:
         raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} samples with cast weights: set "
                           f"recipe.old_logp=recompute (the ratio's old policy is then the training weights', and the "
                           f"sampler's log-probs feed the mismatch metrics and recipe.is_weights)")

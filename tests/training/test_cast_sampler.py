@@ -76,3 +76,18 @@ def test_trainer_recomputes_in_float32_and_logs_the_mismatch():
     assert gap.max() > 1e-4 and gap.mean() < 0.1  # the sampler's are the bfloat16 model's: close, not equal
     assert met["sampler_mismatch/approx_kl_k3"] > 0 and np.isfinite(met["sampler_mismatch/approx_kl_k3"])
     assert any(k.startswith("correction/") for k in met)
+
+
+def test_run_config_checks_name_the_field(tmp_path):
+    from jaxrl_llm.config import ConfigError, apply_overrides
+    from jaxrl_llm.training.runner import check_rl
+    from test_shared_prefix_update import _tiny
+
+    cfg = _tiny(tmp_path)
+    for overrides, msg in ((["rollout.sampler_dtype=bf16"], "rollout.sampler_dtype='bf16'"),
+                           (["rollout.sampler_dtype=bfloat16"], "recipe.old_logp=recompute"),
+                           (["rollout.sampler_dtype=bfloat16", "recipe.old_logp=recompute", "rollout.tree_segment=2"],
+                            "not supported with rollout.tree_segment")):
+        with pytest.raises(ConfigError, match=msg):
+            check_rl(apply_overrides(cfg, overrides))
+    check_rl(apply_overrides(cfg, ["rollout.sampler_dtype=bfloat16", "recipe.old_logp=recompute"]))
