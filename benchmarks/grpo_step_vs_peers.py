@@ -405,11 +405,17 @@ def prepare(name: str, tmp: Path) -> tuple[Path, str]:
     raise SystemExit(f"unknown model {name!r} (tiny, smollm2)")
 
 
-def run_worker(impl: str, job: dict) -> dict:
+def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False) -> dict:
     py = VENVS[impl] / "bin" / "python"
     if not py.exists():
         return {"error": f"{py} missing (run scripts/setup_{'peers' if impl == 'trl' else impl}.sh)"}
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    env.pop("GLIBC_TUNABLES", None)
+    if impl.startswith("ours") or peer_hugepages:
+        # ours as the jaxrl-llm command runs itself: large allocations on huge pages (jaxrl_llm/launch.py)
+        from jaxrl_llm.launch import malloc_environment
+
+        env = malloc_environment(env) or env
     t0 = time.perf_counter()
     job = dict(job, launched=time.time())
     p = subprocess.run([str(py), __file__, "--worker", "ours" if impl == "ours-warm" else impl, "--job", json.dumps(job)], env=env, cwd=str(ROOT),
@@ -498,6 +504,9 @@ def main():
     ap.add_argument("--peer-micro-batches", default="",
                     help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
                          "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
+    ap.add_argument("--peer-hugepages", action="store_true",
+                    help="run TRL and tunix with the allocator setting ours uses (GLIBC_TUNABLES=glibc.malloc.hugetlb=1; "
+                         "default: peers with glibc's defaults, as installed)")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -547,7 +556,8 @@ def main():
             for impl in impls:
                 print(f"[{name}] {impl} ...", flush=True)
                 # ours-warm only measures the launch on a warm cache: two steps are enough
-                res[impl] = run_worker(impl, dict(job, warmup=1, repeats=1) if impl == "ours-warm" else job)
+                res[impl] = run_worker(impl, dict(job, warmup=1, repeats=1) if impl == "ours-warm" else job,
+                                       peer_hugepages=a.peer_hugepages)
                 if "steps_s" in res[impl]:
                     res[impl]["warmup_s"] = res[impl]["steps_s"][:1 if impl == "ours-warm" else a.warmup]
                 versions.update({impl: res[impl]["version"]} if "version" in res[impl] else {})
@@ -593,6 +603,10 @@ def main():
             f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
             f"--repeats {a.repeats} --warmup {a.warmup} --write`.\n\n"
             + body[body.index("| model | TRL s"):])
+    notes.append("Allocator: ours runs as the `jaxrl-llm` command runs itself, with large allocations on transparent "
+                 "huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, jaxrl_llm/launch.py); TRL and tunix "
+                 + ("with the same setting (`--peer-hugepages`)." if a.peer_hugepages else
+                    "with glibc's defaults, as installed (`--peer-hugepages` gives them the same setting)."))
     if notes:
         body += "\n\n" + "\n".join(f"- {n}" for n in notes)
     print(body)

@@ -522,5 +522,13 @@ def main(argv: list[str] | None = None) -> int:
             "methods": cmd_methods}[argv[0]](args)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The console script: large allocations on huge pages (:mod:`jaxrl_llm.launch`), then :func:`main`."""
+    from jaxrl_llm.launch import reexec_with_hugepages
+
+    reexec_with_hugepages()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -28,9 +28,15 @@ def execute(path: Path, *, fast: bool, save: bool, timeout: int = 3600, cwd: Pat
     nb = nbformat.read(path, as_version=4)
     # the kernel inherits this process's environment: the fast flag set, and no MPLBACKEND (a
     # non-interactive backend such as Agg would keep the kernel's inline backend from saving plots)
-    saved = {k: os.environ.get(k) for k in ("JAXRL_NOTEBOOK_FAST", "MPLBACKEND")}
+    # and large allocations on huge pages, as the jaxrl-llm command sets up (jaxrl_llm.launch)
+    from jaxrl_llm.launch import malloc_environment
+
+    saved = {k: os.environ.get(k) for k in ("JAXRL_NOTEBOOK_FAST", "MPLBACKEND", "GLIBC_TUNABLES")}
     os.environ["JAXRL_NOTEBOOK_FAST"] = "1" if fast else "0"
     os.environ.pop("MPLBACKEND", None)
+    tuned = malloc_environment()
+    if tuned is not None:
+        os.environ["GLIBC_TUNABLES"] = tuned["GLIBC_TUNABLES"]
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(cwd or ROOT)}}).execute()

@@ -395,12 +395,26 @@ def test_code_reward_bad_arguments():
 
 
 def test_infinite_loop(mode):
-    _, cfg = mode
+    # The wall-clock limit is under test: with the CPU limit equal to it, a busy loop on an idle
+    # machine races the two and is sometimes killed by RLIMIT_CPU first (test_cpu_limit covers that).
+    cfg = dataclasses.replace(mode[1], cpu_s=int(mode[1].timeout_s) + 10)
     t0 = time.monotonic()
     r = run_code("while True:\n    pass\n", ["assert True"], config=cfg)
     elapsed = time.monotonic() - t0
     assert r.timed_out and r.score == 0.0 and "timeout" in r.error
     assert elapsed < cfg.timeout_s + 2.0
+    _parent_still_works()
+    assert_no_sandbox_processes_left()
+
+
+def test_cpu_limit(mode):
+    cfg = dataclasses.replace(mode[1], timeout_s=60.0, cpu_s=1)
+    t0 = time.monotonic()
+    r = run_code("while True:\n    pass\n", ["assert True"], config=cfg)
+    assert time.monotonic() - t0 < 30.0  # stopped by the CPU limit, long before the wall clock
+    assert not r.timed_out and r.score == 0.0 and r.passed == 0 and r.error
+    if r.returncode is not None and r.returncode < 0:  # no namespace: the killed process is ours
+        assert "SIGKILL" in r.error and "CPU" in r.error
     _parent_still_works()
     assert_no_sandbox_processes_left()
 
