@@ -4,12 +4,12 @@ XLA:CPU allocates every large temporary of a jitted step (activations, residuals
 gigabytes per GRPO update) with ``posix_memalign``. glibc serves an allocation above its mmap
 threshold (at most 32 MiB) with a fresh ``mmap`` and returns it with ``munmap`` when freed, so each
 step touches its working set again through 4 KiB page faults, each zeroing a page in the
-kernel: measured on the 8.7M model's grouped update (shape (a) of docs/benchmarks.md) as 1.3
-million faults and 3.7 s of system time in a 15 s step.
+kernel: measured on the 8.7M model's grouped update (shape (a) of docs/benchmarks.md) as 1.2
+million faults and 3.6 s of system time in an 8.7 s step (``benchmarks/allocator_ab.py``).
 
 glibc >= 2.35 can back those mappings with transparent huge pages (``GLIBC_TUNABLES=
-glibc.malloc.hugetlb=1``: ``madvise(MADV_HUGEPAGE)`` on each mapping), which cuts the faults
-512-fold. Tunables are read once at start-up, so the ``jaxrl-llm`` command re-executes itself
+glibc.malloc.hugetlb=1``: ``madvise(MADV_HUGEPAGE)`` on each mapping): 43 thousand faults,
+1.9 s of system time and a 7.8 s step there. Tunables are read once at start-up, so the ``jaxrl-llm`` command re-executes itself
 with the tunable set (same pid, argv and environment plus the tunable) before it imports
 anything heavy. :func:`malloc_environment` says what it would set; set
 ``JAXRL_LLM_HUGEPAGES=0`` to run with the allocator as configured. A notebook or a script of
