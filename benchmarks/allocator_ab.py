@@ -1,9 +1,9 @@
 """Large allocations on huge pages (jaxrl_llm/launch.py), on and off, on one grouped GRPO update.
 
 XLA:CPU allocates each large temporary of a step with ``posix_memalign``; glibc maps it fresh
-(``mmap``) and unmaps it when freed, so every step faults its working set in again. The
-``jaxrl-llm`` command runs itself with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` so those
-mappings use transparent huge pages. This benchmark times the shared-prefix train step of
+(``mmap``) and unmaps it when freed, so every step faults its working set in again. With
+``JAXRL_LLM_HUGEPAGES=1`` the ``jaxrl-llm`` command runs itself with
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` so those mappings use transparent huge pages. This benchmark times the shared-prefix train step of
 ``shared_prefix.py`` (GRPO's clipped surrogate, its gradient and AdamW; ``B`` prompts x 8
 completions x 128 tokens after a ``P``-token prompt) in fresh processes with and without the
 tunable, alternating, and reports per call: wall time, system CPU time and minor page faults
@@ -117,7 +117,7 @@ def main():
         f"One shared-prefix GRPO train step (`make_train_step`, clipped surrogate + gradient + AdamW, float32) of "
         f"the {a.model} model at {a.prompts} prompts x 8 completions x ({a.prompt_len} + 128) tokens, in fresh "
         f"processes with glibc's default allocator settings and with large allocations on transparent huge pages "
-        f"(what the `jaxrl-llm` command sets for itself, jaxrl_llm/launch.py), alternating, {a.rounds} processes "
+        f"(what `JAXRL_LLM_HUGEPAGES=1` makes the `jaxrl-llm` command set for itself, jaxrl_llm/launch.py), alternating, {a.rounds} processes "
         f"each, medians of {a.calls} calls per process after one warm-up call. Same loss bit for bit. "
         f"Machine: {machine()}. Reproduce: `.venv/bin/python benchmarks/allocator_ab.py --model {a.model} "
         f"--prompts {a.prompts} --prompt-len {a.prompt_len} --rounds {a.rounds} --calls {a.calls} --write`.\n\n"

@@ -411,11 +411,14 @@ def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False) -> dict:
         return {"error": f"{py} missing (run scripts/setup_{'peers' if impl == 'trl' else impl}.sh)"}
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     env.pop("GLIBC_TUNABLES", None)
-    if impl.startswith("ours") or peer_hugepages:
-        # ours as the jaxrl-llm command runs itself: large allocations on huge pages (jaxrl_llm/launch.py)
-        from jaxrl_llm.launch import malloc_environment
+    # ours as the jaxrl-llm command runs itself: large allocations on huge pages when JAXRL_LLM_HUGEPAGES=1
+    # (jaxrl_llm/launch.py); the peers with the same setting only with --peer-hugepages
+    from jaxrl_llm.launch import OPT_IN, malloc_environment
 
+    if impl.startswith("ours"):
         env = malloc_environment(env) or env
+    elif peer_hugepages:
+        env = malloc_environment(dict(env, **{OPT_IN: "1"})) or env
     t0 = time.perf_counter()
     job = dict(job, launched=time.time())
     p = subprocess.run([str(py), __file__, "--worker", "ours" if impl == "ours-warm" else impl, "--job", json.dumps(job)], env=env, cwd=str(ROOT),
@@ -603,10 +606,14 @@ def main():
             f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
             f"--repeats {a.repeats} --warmup {a.warmup} --write`.\n\n"
             + body[body.index("| model | TRL s"):])
-    notes.append("Allocator: ours runs as the `jaxrl-llm` command runs itself, with large allocations on transparent "
-                 "huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, jaxrl_llm/launch.py); TRL and tunix "
-                 + ("with the same setting (`--peer-hugepages`)." if a.peer_hugepages else
-                    "with glibc's defaults, as installed (`--peer-hugepages` gives them the same setting)."))
+    from jaxrl_llm.launch import malloc_environment
+
+    ours_tuned = malloc_environment() is not None
+    if ours_tuned or a.peer_hugepages:
+        notes.append("Allocator: " + ("ours with large allocations on transparent huge pages (`JAXRL_LLM_HUGEPAGES=1`, "
+                                      "jaxrl_llm/launch.py)" if ours_tuned else "ours with glibc's defaults")
+                     + "; TRL and tunix " + ("with huge pages (`--peer-hugepages`)." if a.peer_hugepages else
+                                            "with glibc's defaults, as installed."))
     if notes:
         body += "\n\n" + "\n".join(f"- {n}" for n in notes)
     print(body)

@@ -1,5 +1,5 @@
 """The jaxrl-llm command's process set-up (jaxrl_llm/launch.py): when it re-executes itself with
-large allocations on huge pages, that the re-executed process has the setting, and that the
+large allocations on huge pages (opt-in, JAXRL_LLM_HUGEPAGES=1), that the re-executed process has the setting, and that the
 package itself imports without JAX."""
 
 import os
@@ -9,27 +9,29 @@ import textwrap
 
 import pytest
 
-from jaxrl_llm.launch import OPT_OUT, TUNABLE, _thp_mode, malloc_environment
+from jaxrl_llm.launch import OPT_IN, TUNABLE, _thp_mode, malloc_environment
 
 NEW = (2, 36)
 
 
 def test_sets_the_tunable_keeping_the_others():
-    env = malloc_environment({"PATH": "/bin"}, glibc=NEW, thp="madvise")
-    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
-    env = malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, glibc=NEW, thp="always")
+    env = malloc_environment({"PATH": "/bin", OPT_IN: "1"}, glibc=NEW, thp="madvise")
+    assert env == {"PATH": "/bin", OPT_IN: "1", "GLIBC_TUNABLES": f"{TUNABLE}=1"}
+    env = malloc_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", OPT_IN: "yes"}, glibc=NEW,
+                             thp="always")
     assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}=1"
 
 
 @pytest.mark.parametrize("environ,glibc,thp", [
-    ({"GLIBC_TUNABLES": f"{TUNABLE}=0"}, NEW, "madvise"),  # the user's own value wins
-    ({"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{TUNABLE}=2"}, NEW, "madvise"),
-    ({OPT_OUT: "0"}, NEW, "madvise"),
-    ({OPT_OUT: "off"}, NEW, "madvise"),
-    ({}, (2, 34), "madvise"),  # the tunable is new in glibc 2.35
-    ({}, None, "madvise"),  # musl, macOS
-    ({}, NEW, "never"),
-    ({}, NEW, None),  # no transparent huge pages
+    ({}, NEW, "madvise"),  # opt-in: not asked for
+    ({OPT_IN: "0"}, NEW, "madvise"),
+    ({OPT_IN: "off"}, NEW, "madvise"),
+    ({OPT_IN: "1", "GLIBC_TUNABLES": f"{TUNABLE}=0"}, NEW, "madvise"),  # the user's own value wins
+    ({OPT_IN: "1", "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{TUNABLE}=2"}, NEW, "madvise"),
+    ({OPT_IN: "1"}, (2, 34), "madvise"),  # the tunable is new in glibc 2.35
+    ({OPT_IN: "1"}, None, "madvise"),  # musl, macOS
+    ({OPT_IN: "1"}, NEW, "never"),
+    ({OPT_IN: "1"}, NEW, None),  # no transparent huge pages
 ])
 def test_nothing_to_do(environ, glibc, thp):
     assert malloc_environment(environ, glibc=glibc, thp=thp) is None
@@ -45,7 +47,7 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
 
 
 def test_the_command_reexecutes_itself_once_with_the_setting(tmp_path):
-    """`python -m jaxrl_llm train <file>` runs the file's config() in the re-executed process: it
+    """`JAXRL_LLM_HUGEPAGES=1 python -m jaxrl_llm train <file>` runs the file's config() in the re-executed process: it
     sees the tunable (when this machine supports it), the same argv, and no second re-exec."""
     exp = tmp_path / "show_env.py"
     out = tmp_path / "seen.txt"
@@ -56,19 +58,19 @@ def test_the_command_reexecutes_itself_once_with_the_setting(tmp_path):
                 f.write(repr((os.environ.get("GLIBC_TUNABLES"), os.getpid(), sys.argv[1:])) + "\\n")
             raise SystemExit(0)
     """))
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
-    p = subprocess.run([sys.executable, "-m", "jaxrl_llm", "train", str(exp)], env=env, capture_output=True,
-                       text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_IN)}
+    p = subprocess.run([sys.executable, "-m", "jaxrl_llm", "train", str(exp)], env=dict(env, **{OPT_IN: "1"}),
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     lines = out.read_text().splitlines()
     assert len(lines) == 1  # config() ran once: the process was replaced before, not after
     tunables, _pid, argv = eval(lines[0])
     assert argv == ["train", str(exp)]
-    expected = malloc_environment(env)
+    expected = malloc_environment(dict(env, **{OPT_IN: "1"}))
     assert tunables == (expected["GLIBC_TUNABLES"] if expected else None)
-    # opted out: the environment as given
+    # not asked for (the default): the environment as given
     out.unlink()
-    p = subprocess.run([sys.executable, "-m", "jaxrl_llm", "train", str(exp)], env=dict(env, **{OPT_OUT: "0"}),
+    p = subprocess.run([sys.executable, "-m", "jaxrl_llm", "train", str(exp)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert eval(out.read_text().splitlines()[0])[0] is None
