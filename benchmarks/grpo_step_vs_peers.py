@@ -508,8 +508,9 @@ def main():
                     help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
                          "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
     ap.add_argument("--peer-hugepages", action="store_true",
-                    help="run TRL and tunix with the allocator setting ours uses (GLIBC_TUNABLES=glibc.malloc.hugetlb=1; "
-                         "default: peers with glibc's defaults, as installed)")
+                    help="run TRL and tunix with large allocations on huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1). "
+                         "Ours gets it when JAXRL_LLM_HUGEPAGES=1 is set, as its command does; a GLIBC_TUNABLES of "
+                         "the calling shell is not passed to any worker")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)

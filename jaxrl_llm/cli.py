@@ -523,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script: large allocations on huge pages (:mod:`jaxrl_llm.launch`), then :func:`main`."""
+    """The console script: with ``JAXRL_LLM_HUGEPAGES=1``, first re-executes itself with large
+    allocations on huge pages (:mod:`jaxrl_llm.launch`); then :func:`main`."""
     from jaxrl_llm.launch import reexec_with_hugepages
 
     reexec_with_hugepages()

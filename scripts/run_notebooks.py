@@ -28,7 +28,7 @@ def execute(path: Path, *, fast: bool, save: bool, timeout: int = 3600, cwd: Pat
     nb = nbformat.read(path, as_version=4)
     # the kernel inherits this process's environment: the fast flag set, and no MPLBACKEND (a
     # non-interactive backend such as Agg would keep the kernel's inline backend from saving plots)
-    # and large allocations on huge pages, as the jaxrl-llm command sets up (jaxrl_llm.launch)
+    # and large allocations on huge pages when asked for (JAXRL_LLM_HUGEPAGES=1, jaxrl_llm.launch)
     from jaxrl_llm.launch import malloc_environment
 
     saved = {k: os.environ.get(k) for k in ("JAXRL_NOTEBOOK_FAST", "MPLBACKEND", "GLIBC_TUNABLES")}

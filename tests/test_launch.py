@@ -1,6 +1,6 @@
 """The jaxrl-llm command's process set-up (jaxrl_llm/launch.py): when it re-executes itself with
-large allocations on huge pages (opt-in, JAXRL_LLM_HUGEPAGES=1), that the re-executed process has the setting, and that the
-package itself imports without JAX."""
+large allocations on huge pages (opt-in, JAXRL_LLM_HUGEPAGES=1), that the re-executed process
+has the setting, and that the package itself imports without JAX."""
 
 import os
 import subprocess
