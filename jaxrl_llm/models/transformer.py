@@ -429,7 +429,11 @@ class Transformer(nnx.Module):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache.
 
         ``prefix``: the rows continue shared prompts (:class:`SharedPrefix`, ``B`` a multiple of
-        its ``U`` prompts); the second return value is then ``None``.
+        its ``U`` prompts); the second return value is then ``None``. With ``cache=`` too, the
+        rows decode continuations of those prompts: the cache holds only each row's own tokens
+        (its slots follow the prompt's ``P`` slots, its ``next_position`` counts the prompt), and
+        every layer reads a prompt's keys once for its rows (``layers=`` then takes a per-layer
+        prefix, tuples of ``k`` / ``v``).
 
         ``layers``: per-layer block states (:func:`unstack_layers`) to run the layers as an
         unrolled Python loop over separate buffers instead of the scan over the stacked
@@ -448,18 +452,20 @@ class Transformer(nnx.Module):
         if segment_ids is not None and cache is not None:
             raise ValueError("segment_ids (packed sequences) cannot be combined with a KV cache")
         if prefix is not None:
-            if cache is not None or segment_ids is not None or layers is not None:
-                raise ValueError("prefix= (shared prompts) cannot be combined with cache=, segment_ids= or layers=")
+            if segment_ids is not None:
+                raise ValueError("prefix= (shared prompts) cannot be combined with segment_ids=")
+            if layers is not None and cache is None:
+                raise ValueError("prefix= with layers= (unrolled) needs cache= (decoding continuations of the prompts)")
             n_pre = prefix.valid.shape[0]
             if b % n_pre:
                 raise ValueError(f"prefix= holds {n_pre} prompts, which must divide the {b} rows of 'tokens'")
             rows_per_prefix = b // n_pre
         if positions is None:
-            if prefix is not None:
+            if cache is not None:  # with prefix=: the cache's rope positions already count the prompt
+                positions = cache.next_position[:, None] + positions_from_mask(mask) * mask
+            elif prefix is not None:
                 positions = (jnp.repeat(prefix.next_position, rows_per_prefix)[:, None]
                              + positions_from_mask(mask) * mask)
-            elif cache is not None:
-                positions = cache.next_position[:, None] + positions_from_mask(mask) * mask
             elif segment_ids is not None:
                 positions = positions_from_segments(segment_ids)
             else:
@@ -480,13 +486,16 @@ class Transformer(nnx.Module):
         slots = jnp.arange(t)
         seg = None if segment_ids is None else jnp.asarray(segment_ids)
         attn_kw = dict(q_seg=seg)
-        if prefix is not None:
-            p_len = prefix.valid.shape[1]
-            attn_kw["q_slot"] = p_len + slots
-        elif cache is None:
-            attn_kw["q_slot"] = slots
+        # slots of the cache follow the shared prompt's P slots when both are given
+        p_len = prefix.valid.shape[1] if prefix is not None else 0
+
+        def after_prefix(x):  # the same program as before when there is no prefix
+            return p_len + x if p_len else x
+
+        if cache is None:
+            attn_kw["q_slot"] = after_prefix(slots)
         else:
-            attn_kw["q_slot"] = cache.index + slots
+            attn_kw["q_slot"] = after_prefix(cache.index + slots)
             per_layer = isinstance(cache.k, (tuple, list))
             old_slots = jnp.arange(cache.v[0].shape[2] if per_layer else cache.v.shape[3])
             new_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))
@@ -497,13 +506,16 @@ class Transformer(nnx.Module):
             raise ValueError("a per-layer cache needs layers=unstack_layers(...)")
         windows = cfg.layer_windows()
 
-        def run_block(block, h, win, layer_k, layer_v):
+        def run_block(block, h, win, layer_k, layer_v, pre_k=None, pre_v=None):
             new = []
 
             def kv_parts(k, v):  # k: [B, K, Dh, T], v: [B, K, T, Dh]
-                if prefix is not None:  # layer_k / layer_v: this layer's prompt keys/values
+                if prefix is not None and cache is None:  # layer_k / layer_v: this layer's prompt keys/values
                     return [(layer_k, layer_v, jnp.arange(p_len), prefix.valid, None, rows_per_prefix),
                             (k, v, p_len + slots, mask, None)]
+                # decoding continuations of shared prompts: the prompt part, read once per prompt
+                shared = [] if prefix is None else [(pre_k, pre_v, jnp.arange(p_len), prefix.valid, None,
+                                                     rows_per_prefix)]
                 if _collect_prefix:
                     new.extend([k, v])
                 if cache is None:
@@ -515,11 +527,12 @@ class Transformer(nnx.Module):
                     k = _write(layer_k, k, (0, 0, 0, cache.index))
                     v = _write(layer_v, v, (0, 0, cache.index, 0))
                     new.extend([k, v])
-                    return [(k, v, old_slots, new_valid, None)]
+                    return shared + [(k, v, after_prefix(old_slots), new_valid, None)]
                 new.extend([k, v])
                 # stacked: cached slots (those before cache.index are valid) + the new tokens
-                return [(layer_k, layer_v, old_slots, cache.valid & (old_slots < cache.index)[None], None),
-                        (k, v, cache.index + slots, mask, None)]
+                return shared + [(layer_k, layer_v, after_prefix(old_slots),
+                                  cache.valid & (old_slots < cache.index)[None], None),
+                                 (k, v, after_prefix(cache.index + slots), mask, None)]
 
             h = block(h, cos, sin, kv_parts, window=win, **attn_kw)
             return h, (tuple(new) if cache is not None or _collect_prefix else None)
@@ -528,14 +541,16 @@ class Transformer(nnx.Module):
             gd, layer_state = nnx.split(self.blocks)
 
             def body(h, xs):
-                st, win, layer_k, layer_v = xs
-                return run_block(nnx.merge(gd, st), h, win, layer_k, layer_v)
+                st, win, *layer_kv = xs
+                return run_block(nnx.merge(gd, st), h, win, *layer_kv)
 
             if cfg.remat != "none":
                 policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
                 body = jax.checkpoint(body, policy=policy)
             cache_xs = (cache.k, cache.v) if cache is not None else (
                 (prefix.k, prefix.v) if prefix is not None else (None, None))
+            if cache is not None and prefix is not None:
+                cache_xs += (prefix.k, prefix.v)
             # The cache enters the scan as per-layer inputs, is only read inside a layer, and
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
             h, new_kv = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows)) + cache_xs)
@@ -546,7 +561,8 @@ class Transformer(nnx.Module):
             h, new_k, new_v = x, [], []
             for i, st in enumerate(layers):
                 lk, lv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-                h, kv = run_block(nnx.merge(gd, st), h, int(windows[i]), lk, lv)
+                pk, pv = (prefix.k[i], prefix.v[i]) if prefix is not None else (None, None)
+                h, kv = run_block(nnx.merge(gd, st), h, int(windows[i]), lk, lv, pk, pv)
                 if kv is not None:
                     new_k.append(kv[0])
                     new_v.append(kv[1])

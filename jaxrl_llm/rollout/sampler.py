@@ -105,6 +105,8 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     b, p = prompt_tokens.shape
     g, t = config.num_samples, config.max_new_tokens
     n = b * g
+    if config.shared_prompt_kv and g > 1 and row_prompt is None:
+        return _generate_shared(model, layers, prompt_tokens, prompt_mask, key, config)
     cache = init_cache(cfg, b, p + t, per_layer=layers is not None)
     # The empty cache's `valid` (all False) and `index` (0) are trace-time constants. Seen as
     # constants, they make the prefill's scores over the cached slots a constant block of
@@ -137,13 +139,43 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt)
 
 
+def _generate_shared(model, layers, prompt_tokens, prompt_mask, key, config: SamplingConfig) -> Rollout:
+    """:func:`generate` with ``config.shared_prompt_kv``: each prompt's keys/values are kept
+    once (a :class:`~jaxrl_llm.models.transformer.SharedPrefix`) and its ``G`` rows read them
+    in place; the cache holds only the generated tokens."""
+    cfg = model.cfg
+    b = prompt_tokens.shape[0]
+    g, t = config.num_samples, config.max_new_tokens
+    n = b * g
+    h, prefix = model.encode_prefix(prompt_tokens, prompt_mask)
+    names = ("act_batch", "act_kv_heads", None, None)
+    if layers is None:
+        prefix = prefix._replace(k=constrain(prefix.k, (None,) + names), v=constrain(prefix.v, (None,) + names))
+    else:  # the unrolled layers read a per-layer prefix, sliced once here (not at every step)
+        prefix = prefix._replace(k=tuple(constrain(prefix.k[i], names) for i in range(cfg.num_layers)),
+                                 v=tuple(constrain(prefix.v[i], names) for i in range(cfg.num_layers)))
+    cache = init_cache(cfg, n, t, per_layer=layers is not None)
+    if layers is None:
+        cache = cache._replace(k=constrain(cache.k, (None,) + names), v=constrain(cache.v, (None,) + names))
+    else:
+        cache = cache._replace(k=tuple(constrain(c, names) for c in cache.k),
+                               v=tuple(constrain(c, names) for c in cache.v))
+    cache = cache._replace(next_position=jnp.repeat(prefix.next_position, g))
+    logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
+    out = decode(model, layers, logits, cache, jnp.zeros((n,), bool), key, config, prefix=prefix)
+    lengths = jnp.sum(out.mask, axis=-1).astype(jnp.int32)
+    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done,
+                   jnp.repeat(jnp.arange(b, dtype=jnp.int32), g))
+
+
 def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Array, key: jax.Array,
-           config: SamplingConfig) -> _Loop:
+           config: SamplingConfig, prefix: Any = None) -> _Loop:
     """The decode loop of :func:`generate` (and of the multi-turn rollout): from the next-token
     ``logits [N, V]`` and a ``cache`` holding everything before them, sample up to
     ``config.max_new_tokens`` tokens per row inside one ``lax.while_loop`` that stops when every
     row is ``done`` (rows done at the start emit only padding and write no valid cache slot).
-    Step ``s`` draws with ``fold_in(key, s)``. Returns the final loop state (``tokens``,
+    Step ``s`` draws with ``fold_in(key, s)``. ``prefix``: the rows continue these shared
+    prompts (``model(..., cache=, prefix=)``; the cache then holds only the rows' own tokens). Returns the final loop state (``tokens``,
     ``mask``, ``logprobs`` ``[N, T]``, ``done`` = stopped by a stop token, ``cache``)."""
     n, t = logits.shape[0], config.max_new_tokens
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
@@ -159,7 +191,8 @@ def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Arr
         mask = jax.lax.dynamic_update_slice(s.mask, live[:, None], (0, s.step))
         logprobs = jax.lax.dynamic_update_slice(s.logprobs, jnp.where(live, lp, 0.0)[:, None], (0, s.step))
         done = s.done | (live & jnp.isin(tok, stop))
-        hh, cache = model(tok[:, None], live[:, None], cache=s.cache, layers=layers)
+        kw = {} if prefix is None else {"prefix": prefix}
+        hh, cache = model(tok[:, None], live[:, None], cache=s.cache, layers=layers, **kw)
         return _Loop(s.step + 1, model.logits(hh[:, 0]), cache, done, tokens, mask, logprobs)
 
     init = _Loop(jnp.zeros((), jnp.int32), logits, cache, done,

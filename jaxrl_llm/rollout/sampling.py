@@ -45,6 +45,14 @@ class SamplingConfig:
         bfloat16: half the bytes a decode step streams. The sampled tokens' log-probs are then
         those of the cast model; a trainer corrects the mismatch with recomputed old log-probs
         and importance weights (``recipe.old_logp=recompute``, ``recipe.is_weights``).
+      shared_prompt_kv: with ``num_samples > 1``, keep each prompt's keys/values once and let
+        its ``G`` rows read them in place while decoding (the Prefix Grouper layout of the
+        update, applied to the KV cache), instead of copying the prompt's cache into every
+        row. The cache then holds ``B * P + B * G * T`` slots instead of ``B * G * (P + T)``
+        and each decode step reads that much less. Same distribution; the attention sums its
+        parts in another order, so the numbers agree to float rounding, not bit for bit
+        (hence off by default). Ignored (the copy is used) when a call divides the rows
+        unevenly (``Sampler(..., counts=...)``).
     """
 
     max_new_tokens: int = 128
@@ -58,6 +66,7 @@ class SamplingConfig:
     forbidden_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     weight_dtype: str | None = None
+    shared_prompt_kv: bool = False
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -76,6 +85,7 @@ class SamplingConfig:
              "must not contain a stop token")
         need(self.weight_dtype is None or self.weight_dtype in WEIGHT_DTYPES, "weight_dtype",
              f"must be None or one of {WEIGHT_DTYPES}")
+        need(isinstance(self.shared_prompt_kv, bool), "shared_prompt_kv", "must be a bool")
 
 
 def sampling_model(graphdef, params, others: tuple, config: SamplingConfig):

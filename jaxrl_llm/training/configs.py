@@ -107,7 +107,10 @@ class RolloutSpec:
     streams; the training weights stay float32; ``None``: the model's own dtype). The sampler's
     log-probs are then those of the cast model: needs ``recipe.old_logp=recompute`` (the ratio's
     old policy is the float32 one) and logs the mismatch (``sampler_mismatch/*``); correct it
-    with ``recipe.is_weights=tis`` or ``icepop``."""
+    with ``recipe.is_weights=tis`` or ``icepop``. ``shared_prompt_kv``: the ``num_samples`` rows of a
+    prompt read its keys/values once while decoding instead of a copy each (less cache memory and
+    fewer bytes per decode step when prompts are long; equal to float rounding, not bit for bit,
+    so off by default; :class:`jaxrl_llm.rollout.SamplingConfig`)."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -123,6 +126,7 @@ class RolloutSpec:
     tree_segment: int | None = None
     tree_branch: int = 2
     sampler_dtype: str | None = None
+    shared_prompt_kv: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,7 +140,7 @@ def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
     ro = cfg.rollout
     return SamplingConfig(max_new_tokens=ro.max_new_tokens, num_samples=ro.num_samples, temperature=ro.temperature,
                           top_p=ro.top_p, stop_token_ids=tuple(stop_ids), pad_token_id=pad_id,
-                          weight_dtype=ro.sampler_dtype)
+                          weight_dtype=ro.sampler_dtype, shared_prompt_kv=ro.shared_prompt_kv)
 
 
 def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
@@ -262,6 +262,9 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     if ro.sampler_dtype is not None and ro.tree_segment is not None:
         raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} is not supported with rollout.tree_segment "
                           "(the segment-tree sampler decodes with the model's own weights)")
+    if ro.shared_prompt_kv and ro.tree_segment is not None:
+        raise ConfigError("rollout.shared_prompt_kv=true is not supported with rollout.tree_segment (the segment-tree "
+                          "sampler copies the prompt's cache into its branches); unset one of them")
     if ro.sampler_dtype is not None and not rec.recompute_old_logp:
         raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} samples with cast weights: set "
                           f"recipe.old_logp=recompute (the ratio's old policy is then the training weights', and the "

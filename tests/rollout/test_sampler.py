@@ -244,3 +244,55 @@ def test_counts_divide_the_rows_unevenly(unroll):
         s(params, prompts, jax.random.key(3), counts=[3, 3, 2])
     with pytest.raises(ValueError, match="ints >= 0"):
         s(params, prompts, jax.random.key(3), counts=[10, -1, 0])
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("window", [None, 4], ids=["full", "sliding4"])
+def test_shared_prompt_kv_samples_what_the_copied_cache_samples(unroll, window):
+    """``shared_prompt_kv``: the G rows of a prompt read its keys once instead of a copy each.
+    Same key, same tokens, log-probs equal to float rounding and to the teacher-forced ones
+    (left-padded prompts of different lengths, stops, a sliding window shorter than the
+    prompts), and the compiled sampler needs less temporary memory when the prompt is long."""
+    cfg_m = preset("tiny", vocab_size=263)
+    if window is not None:
+        cfg_m = cfg_m.replace(sliding_window=window)
+    model = Transformer(cfg_m, rngs=nnx.Rngs(6))
+    gd, params = nnx.split(model)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24]]
+    base = dict(max_new_tokens=9, num_samples=3, temperature=0.8, stop_token_ids=(17,))
+    copied = Sampler(gd, SamplingConfig(**base), length_buckets=(8,), unroll_layers=unroll)
+    shared = Sampler(gd, SamplingConfig(**base, shared_prompt_kv=True), length_buckets=(8,), unroll_layers=unroll)
+    a, b = copied(params, prompts, jax.random.key(4)), shared(params, prompts, jax.random.key(4))
+    for name in ("tokens", "mask", "lengths", "stopped", "prompt_index"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name)
+    np.testing.assert_allclose(np.asarray(b.logprobs), np.asarray(a.logprobs), atol=2e-5)
+    assert len({tuple(r) for r in np.asarray(b.tokens)[:3]}) > 1  # the rows of a prompt differ
+    tokens, mask = pad_prompts(prompts, 8, 3, 0)
+    full = np.concatenate([np.repeat(tokens, 3, 0), np.asarray(b.tokens)], 1)
+    fmask = np.concatenate([np.repeat(mask, 3, 0), np.asarray(b.mask)], 1)
+    h, _ = model(full, fmask)
+    lp, _ = token_logprobs(h[:, :-1], model.unembedding(), jnp.asarray(full[:, 1:]), temperature=0.8)
+    m = np.asarray(b.mask)
+    np.testing.assert_allclose(np.asarray(b.logprobs)[m], np.asarray(lp)[:, 7:][m], atol=1e-4)
+
+    long_tokens, long_mask = pad_prompts([list(range(1, 129))] * 2, 128, 2, 0)  # P = 128 >> T = 9, G = 3
+    temp = {}
+    for label, s in (("copied", copied), ("shared", shared)):
+        compiled = s._fn.lower(gd, params, long_tokens, long_mask, jax.random.key(0), s.config,
+                               unroll_layers=unroll).compile()
+        temp[label] = compiled.memory_analysis().temp_size_in_bytes
+    assert temp["shared"] < temp["copied"], temp
+
+
+def test_shared_prompt_kv_falls_back_to_the_copy_for_uneven_counts():
+    model = tiny_model(vocab=263, seed=1)
+    gd, params = nnx.split(model)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    base = dict(max_new_tokens=5, num_samples=2, temperature=0.8)
+    a = Sampler(gd, SamplingConfig(**base), length_buckets=(8,))(params, prompts, jax.random.key(2), counts=[3, 1])
+    b = Sampler(gd, SamplingConfig(**base, shared_prompt_kv=True), length_buckets=(8,))(
+        params, prompts, jax.random.key(2), counts=[3, 1])
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(ValueError, match="shared_prompt_kv"):
+        SamplingConfig(shared_prompt_kv=1)
