@@ -157,7 +157,7 @@ def worker_ours(job: dict) -> dict:
         from jaxrl_llm.training.host_loop import use_compile_cache
 
         use_compile_cache(job["compile_cache"])
-    model = load_hf(job["model_dir"])
+    model = load_hf(job["model_dir"], **({"remat": job["remat"]} if job.get("remat", "none") != "none" else {}))
     tok = load_tokenizer(job["model_dir"])
     prompts, t_new, beta = _shape(job)
     ids = tok(job["prompt"], add_special_tokens=False)["input_ids"]
@@ -185,7 +185,8 @@ def worker_ours(job: dict) -> dict:
     state = init_train_state(params, opt, seed=0)
     ref = jax.tree.map(lambda x: x.copy(), params) if beta else None
     sampler = Sampler(gd, SamplingConfig(max_new_tokens=t_new, num_samples=G, temperature=1.0,
-                                         pad_token_id=tok.pad_token_id),  # no stop token: exactly T tokens
+                                         pad_token_id=tok.pad_token_id,  # no stop token: exactly T tokens
+                                         shared_prompt_kv=bool(job.get("shared_prompt_kv", False))),
                       length_buckets=(job["prompt_bucket"],))
     data = prompt_dataset(ListSource([{"prompt": p} for p in prompts], "bench"), tok,
                           PromptDataConfig(batch_size=len(prompts), chat=False, shuffle=False), process_index=0,
@@ -417,8 +418,10 @@ def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False) -> dict:
 
     if impl.startswith("ours"):
         env = malloc_environment(env) or env
-    elif peer_hugepages:
-        env = malloc_environment(dict(env, **{OPT_IN: "1"})) or env
+    else:
+        env.pop(OPT_IN, None)
+        if peer_hugepages:
+            env = malloc_environment(dict(env, **{OPT_IN: "1"})) or env
     t0 = time.perf_counter()
     job = dict(job, launched=time.time())
     p = subprocess.run([str(py), __file__, "--worker", "ours" if impl == "ours-warm" else impl, "--job", json.dumps(job)], env=env, cwd=str(ROOT),
@@ -504,6 +507,11 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0: a reference model in every impl)")
     ap.add_argument("--no-shared-prefix", action="store_true", help="ours: the row-by-row update")
+    ap.add_argument("--remat", choices=("none", "dots", "full"), default="none",
+                    help="ours: model.remat, what the update's backward pass recomputes instead of storing (dots: keeps "
+                         "only the projections' outputs; the peers store everything, as configured by default)")
+    ap.add_argument("--shared-prompt-kv", action="store_true",
+                    help="ours: rollout.shared_prompt_kv (the G rows of a prompt read its keys once while decoding)")
     ap.add_argument("--peer-micro-batches", default="",
                     help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
                          "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
@@ -528,7 +536,9 @@ def main():
     sys.path.insert(0, str(Path(__file__).parent))
     from _report import machine, write_section
 
+    from jaxrl_llm.launch import malloc_environment
     impls = a.impls.split(",")
+    ours_tuned = malloc_environment() is not None
     rows: list[str] = []
     notes: list[str] = []
     versions: dict[str, str] = {}
@@ -552,7 +562,7 @@ def main():
             micro = dict(kv.split("=") for kv in a.peer_micro_batches.split(",") if kv) if a.peer_micro_batches else (
                 {"smollm2": "4"} if a.shape == "realistic" else {})
             job = {"model_dir": str(model_dir), "peer_micro_batches": int(micro.get(name, 1)), "prompt": prompt, "prompts": prompts, "new_tokens": t_new,
-                   "beta": a.beta, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
+                   "beta": a.beta, "remat": a.remat, "shared_prompt_kv": a.shared_prompt_kv, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
                    "prompt_bucket": bucket(longest, (32, 64, 128, 256, 512, 1024, 2048)),
                    "check_only": a.check_only, "torch_threads": a.torch_threads,
                    "compile_cache": str(Path(tmp) / f"xla-cache-{name}")}  # ours: cold, then ours-warm reads it
@@ -600,16 +610,19 @@ def main():
             f"each a long system prompt of worked examples plus its own question, {a.prompt_tokens - 8}-"
             f"{a.prompt_tokens} tokens, x 8 completions x exactly {a.new_tokens} new tokens; beta = {a.beta:g} "
             f"({'no reference model' if not a.beta else 'a reference model and the k3 KL term in every implementation'}"
-            f"); ours {'row by row' if a.no_shared_prefix else 'with its default shared-prefix update'}. "
+            f"); ours {'row by row' if a.no_shared_prefix else 'with its default shared-prefix update'}"
+            + (f" and `model.remat={a.remat}`" if a.remat != "none" else "")
+            + (" and `rollout.shared_prompt_kv=true`" if a.shared_prompt_kv else "") + ". "
             "Everything else as in the section above (float32, one AdamW update per rollout, medians of "
             f"{a.repeats} steps after {a.warmup} warm-up steps). "
             f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
             f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
-            f"--repeats {a.repeats} --warmup {a.warmup} --write`.\n\n"
+            f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "none" else "")
+            + (" --shared-prompt-kv" if a.shared_prompt_kv else "")
+            + (" --peer-hugepages" if a.peer_hugepages else "")
+            + "`" + (" with `JAXRL_LLM_HUGEPAGES=1` in the environment" if ours_tuned else "")
+            + ".\n\n"
             + body[body.index("| model | TRL s"):])
-    from jaxrl_llm.launch import malloc_environment
-
-    ours_tuned = malloc_environment() is not None
     if ours_tuned or a.peer_hugepages:
         notes.append("Allocator: " + ("ours with large allocations on transparent huge pages (`JAXRL_LLM_HUGEPAGES=1`, "
                                       "jaxrl_llm/launch.py)" if ours_tuned else "ours with glibc's defaults")

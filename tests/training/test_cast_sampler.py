@@ -91,3 +91,17 @@ def test_run_config_checks_name_the_field(tmp_path):
         with pytest.raises(ConfigError, match=msg):
             check_rl(apply_overrides(cfg, overrides))
     check_rl(apply_overrides(cfg, ["rollout.sampler_dtype=bfloat16", "recipe.old_logp=recompute"]))
+
+
+def test_shared_prompt_kv_reaches_the_sampler_and_refuses_the_tree_sampler(tmp_path):
+    from jaxrl_llm.config import ConfigError, apply_overrides
+    from jaxrl_llm.training.runner import _sampling, check_rl
+    from test_shared_prefix_update import _tiny
+
+    cfg = _tiny(tmp_path)
+    assert _sampling(cfg, (3,), 0).shared_prompt_kv is False  # off by default: runs stay bit for bit
+    on = apply_overrides(cfg, ["rollout.shared_prompt_kv=true"])
+    check_rl(on)
+    assert _sampling(on, (3,), 0).shared_prompt_kv is True
+    with pytest.raises(ConfigError, match="rollout.shared_prompt_kv=true is not supported with rollout.tree_segment"):
+        check_rl(apply_overrides(cfg, ["rollout.shared_prompt_kv=true", "rollout.tree_segment=2"]))
