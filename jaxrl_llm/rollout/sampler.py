@@ -116,13 +116,7 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     # the same numbers are computed at run time.
     valid, index = jax.lax.optimization_barrier((cache.valid, cache.index))
     cache = cache._replace(valid=valid, index=index)
-    names = ("act_batch", "act_kv_heads", None, None)
-    if layers is None:
-        names = (None,) + names
-        cache = cache._replace(k=constrain(cache.k, names), v=constrain(cache.v, names))
-    else:
-        cache = cache._replace(k=tuple(constrain(c, names) for c in cache.k),
-                               v=tuple(constrain(c, names) for c in cache.v))
+    cache = _constrain_kv(cache)
     h, cache = model(prompt_tokens, prompt_mask, cache=cache, layers=layers)
     if row_prompt is None:
         logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
@@ -139,6 +133,15 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt)
 
 
+def _constrain_kv(kv):
+    """A KV cache or shared prefix with its keys/values laid out by the logical rules (batch
+    over the data axes, KV heads over ``tensor``): stacked ``[L, B, K, ., .]`` or per-layer tuples."""
+    names = ("act_batch", "act_kv_heads", None, None)
+    if isinstance(kv.k, tuple):
+        return kv._replace(k=tuple(constrain(c, names) for c in kv.k), v=tuple(constrain(c, names) for c in kv.v))
+    return kv._replace(k=constrain(kv.k, (None,) + names), v=constrain(kv.v, (None,) + names))
+
+
 def _generate_shared(model, layers, prompt_tokens, prompt_mask, key, config: SamplingConfig) -> Rollout:
     """:func:`generate` with ``config.shared_prompt_kv``: each prompt's keys/values are kept
     once (a :class:`~jaxrl_llm.models.transformer.SharedPrefix`) and its ``G`` rows read them
@@ -148,18 +151,11 @@ def _generate_shared(model, layers, prompt_tokens, prompt_mask, key, config: Sam
     g, t = config.num_samples, config.max_new_tokens
     n = b * g
     h, prefix = model.encode_prefix(prompt_tokens, prompt_mask)
-    names = ("act_batch", "act_kv_heads", None, None)
-    if layers is None:
-        prefix = prefix._replace(k=constrain(prefix.k, (None,) + names), v=constrain(prefix.v, (None,) + names))
-    else:  # the unrolled layers read a per-layer prefix, sliced once here (not at every step)
-        prefix = prefix._replace(k=tuple(constrain(prefix.k[i], names) for i in range(cfg.num_layers)),
-                                 v=tuple(constrain(prefix.v[i], names) for i in range(cfg.num_layers)))
-    cache = init_cache(cfg, n, t, per_layer=layers is not None)
-    if layers is None:
-        cache = cache._replace(k=constrain(cache.k, (None,) + names), v=constrain(cache.v, (None,) + names))
-    else:
-        cache = cache._replace(k=tuple(constrain(c, names) for c in cache.k),
-                               v=tuple(constrain(c, names) for c in cache.v))
+    if layers is not None:  # the unrolled layers read a per-layer prefix, sliced once here (not at every step)
+        prefix = prefix._replace(k=tuple(prefix.k[i] for i in range(cfg.num_layers)),
+                                 v=tuple(prefix.v[i] for i in range(cfg.num_layers)))
+    prefix = _constrain_kv(prefix)
+    cache = _constrain_kv(init_cache(cfg, n, t, per_layer=layers is not None))
     cache = cache._replace(next_position=jnp.repeat(prefix.next_position, g))
     logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
     out = decode(model, layers, logits, cache, jnp.zeros((n,), bool), key, config, prefix=prefix)
@@ -175,8 +171,9 @@ def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Arr
     ``config.max_new_tokens`` tokens per row inside one ``lax.while_loop`` that stops when every
     row is ``done`` (rows done at the start emit only padding and write no valid cache slot).
     Step ``s`` draws with ``fold_in(key, s)``. ``prefix``: the rows continue these shared
-    prompts (``model(..., cache=, prefix=)``; the cache then holds only the rows' own tokens). Returns the final loop state (``tokens``,
-    ``mask``, ``logprobs`` ``[N, T]``, ``done`` = stopped by a stop token, ``cache``)."""
+    prompts (``model(..., cache=, prefix=)``; the cache then holds only the rows' own tokens).
+    Returns the final loop state (``tokens``, ``mask``, ``logprobs`` ``[N, T]``, ``done`` =
+    stopped by a stop token, ``cache``)."""
     n, t = logits.shape[0], config.max_new_tokens
     stop = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
 
