@@ -38,7 +38,7 @@ def _usage():
     return time.perf_counter(), r.ru_stime, r.ru_minflt
 
 
-def worker(model_name: str, prompts: int, prompt_len: int, calls: int, with_rollout: bool) -> dict:
+def worker(model_name: str, prompts: int, prompt_len: int, calls: int, with_rollout: bool, remat: str) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -53,6 +53,11 @@ def worker(model_name: str, prompts: int, prompt_len: int, calls: int, with_roll
     from flax import nnx
 
     gd, params = model(model_name)
+    if remat != "none":  # the same weights under another remat policy (a static field of every layer)
+        from jaxrl_llm.models import Transformer
+
+        merged = nnx.merge(gd, params)
+        gd = nnx.split(nnx.eval_shape(lambda: Transformer(merged.cfg.replace(remat=remat), rngs=nnx.Rngs(0))))[0]
     opt = optax.adamw(1e-6, weight_decay=0.0)
     vocab = nnx.merge(gd, params).cfg.vocab_size
     b = batch(vocab, prompts, prompt_len)
@@ -102,7 +107,8 @@ def run(allocator: str, a) -> dict:
     if allocator == "hugepages":
         env = malloc_environment(dict(env, **{OPT_IN: "1"})) or env
     cmd = [sys.executable, __file__, "--worker", "--model", a.model, "--prompts", str(a.prompts),
-           "--prompt-len", str(a.prompt_len), "--calls", str(a.calls)] + (["--with-rollout"] if a.with_rollout else [])
+           "--prompt-len", str(a.prompt_len), "--calls", str(a.calls), "--remat", a.remat] + (
+               ["--with-rollout"] if a.with_rollout else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
     if p.returncode != 0 or not lines:
@@ -117,13 +123,14 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--allocators", default="glibc,hugepages", help="comma-separated, from glibc, hugepages")
     ap.add_argument("--with-rollout", action="store_true", help="a rollout before every timed train step, as in the loop")
+    ap.add_argument("--remat", choices=("none", "dots", "full"), default="none", help="the model's remat policy")
     ap.add_argument("--rounds", type=int, default=2, help="processes per allocator, alternating")
     ap.add_argument("--calls", type=int, default=3, help="timed calls per process, after one warm-up call")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     a = ap.parse_args()
     if a.worker:
-        print(RESULT + json.dumps(worker(a.model, a.prompts, a.prompt_len, a.calls, a.with_rollout)), flush=True)
+        print(RESULT + json.dumps(worker(a.model, a.prompts, a.prompt_len, a.calls, a.with_rollout, a.remat)), flush=True)
         return
     kinds = a.allocators.split(",")
     bad = [k for k in kinds if k not in LABELS]
@@ -159,7 +166,8 @@ def main():
 
     body = (
         f"One shared-prefix GRPO train step (`make_train_step`, clipped surrogate + gradient + AdamW, float32) of "
-        f"the {a.model} model at {a.prompts} prompts x 8 completions x ({a.prompt_len} + 128) tokens"
+        f"the {a.model} model{f' (`remat={a.remat}`)' if a.remat != 'none' else ''} at {a.prompts} prompts x 8 "
+        f"completions x ({a.prompt_len} + 128) tokens"
         + (", each after a rollout of the same prompts (8 x 128 new tokens each, `Sampler`) as in the RL loop"
            if a.with_rollout else "")
         + f", in fresh processes with glibc's default allocator settings and with large allocations on transparent "
@@ -167,13 +175,15 @@ def main():
         f"jaxrl_llm/launch.py), alternating, {a.rounds} processes each, medians of {a.calls} calls per "
         f"process after one warm-up call. Same loss bit for bit. Machine: {machine()}. Reproduce: "
         f"`.venv/bin/python benchmarks/allocator_ab.py --model {a.model} --prompts {a.prompts} --prompt-len "
-        f"{a.prompt_len} --allocators {a.allocators}{' --with-rollout' if a.with_rollout else ''} --rounds "
+        f"{a.prompt_len} --allocators {a.allocators}{' --with-rollout' if a.with_rollout else ''}"
+        f"{f' --remat {a.remat}' if a.remat != 'none' else ''} --rounds "
         f"{a.rounds} --calls {a.calls} --write`.\n\n" + head + "\n".join(rows)
         + f"\n\nTrain step against {kinds[0]}: {ratios}.")
     print(body)
     if a.write:
         write_section(f"allocator_ab ({a.model}, {a.prompts}x8x({a.prompt_len}+128)"
-                      f"{', with rollouts' if a.with_rollout else ''})", body)
+                      f"{', with rollouts' if a.with_rollout else ''}{f', remat={a.remat}' if a.remat != 'none' else ''})",
+                      body)
 
 
 if __name__ == "__main__":
