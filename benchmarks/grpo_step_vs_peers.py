@@ -173,7 +173,9 @@ def worker_ours(job: dict) -> dict:
     gd, params = nnx.split(model)
     n_params = sum(v.size for v in jax.tree.leaves(params))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
-    rec = recipe("grpo", num_samples=G, kl={"coef": beta}) if beta else recipe("grpo", num_samples=G)
+    bf16 = bool(job.get("bf16", False))  # bfloat16 sampler weights: the sampler's log-probs are the cast model's,
+    extra = {"old_logp": "recompute"} if bf16 else {}  # so the ratio's old policy is recomputed (as the runner requires)
+    rec = recipe("grpo", num_samples=G, kl={"coef": beta}, **extra) if beta else recipe("grpo", num_samples=G, **extra)
     plan = None
     if job.get("shared_prefix", True):  # the library's default (train.shared_prefix unset): on where exact
         from jaxrl_llm.training.prefix import plan_shared_prefix
@@ -186,7 +188,8 @@ def worker_ours(job: dict) -> dict:
     ref = jax.tree.map(lambda x: x.copy(), params) if beta else None
     sampler = Sampler(gd, SamplingConfig(max_new_tokens=t_new, num_samples=G, temperature=1.0,
                                          pad_token_id=tok.pad_token_id,  # no stop token: exactly T tokens
-                                         shared_prompt_kv=bool(job.get("shared_prompt_kv", False))),
+                                         shared_prompt_kv=bool(job.get("shared_prompt_kv", False)),
+                                         weight_dtype="bfloat16" if bf16 else None),
                       length_buckets=(job["prompt_bucket"],))
     data = prompt_dataset(ListSource([{"prompt": p} for p in prompts], "bench"), tok,
                           PromptDataConfig(batch_size=len(prompts), chat=False, shuffle=False), process_index=0,
@@ -255,7 +258,7 @@ def worker_trl(job: dict) -> dict:
         m = int(job.get("peer_micro_batches") or 1)
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=b * G // m, gradient_accumulation_steps=m,
                           num_generations=G,
-                          max_completion_length=t_new, beta=beta, bf16=False, use_cpu=True, learning_rate=LR,
+                          max_completion_length=t_new, beta=beta, bf16=bool(job.get("bf16", False)), use_cpu=True, learning_rate=LR,
                           weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_k=0, top_p=1.0,
                           generation_kwargs={"min_new_tokens": t_new}, loss_type="grpo", gradient_checkpointing=False,
                           max_steps=steps, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
@@ -512,6 +515,10 @@ def main():
                          "only the projections' outputs; the peers store everything, as configured by default)")
     ap.add_argument("--shared-prompt-kv", action="store_true",
                     help="ours: rollout.shared_prompt_kv (the G rows of a prompt read its keys once while decoding)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="ours: float32 training weights, the sampler decoding with them cast to bfloat16 "
+                         "(rollout.sampler_dtype=bfloat16, with recipe.old_logp=recompute); TRL: bf16=True (float32 "
+                         "weights under bfloat16 autocast). Not for tunix")
     ap.add_argument("--peer-micro-batches", default="",
                     help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
                          "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
@@ -538,6 +545,8 @@ def main():
 
     from jaxrl_llm.launch import malloc_environment
     impls = a.impls.split(",")
+    if a.bf16 and "tunix" in impls:
+        raise SystemExit("--bf16 compares ours with TRL in bfloat16; drop tunix from --impls (e.g. --impls ours,trl)")
     ours_tuned = malloc_environment() is not None
     rows: list[str] = []
     notes: list[str] = []
@@ -562,7 +571,7 @@ def main():
             micro = dict(kv.split("=") for kv in a.peer_micro_batches.split(",") if kv) if a.peer_micro_batches else (
                 {"smollm2": "4"} if a.shape == "realistic" else {})
             job = {"model_dir": str(model_dir), "peer_micro_batches": int(micro.get(name, 1)), "prompt": prompt, "prompts": prompts, "new_tokens": t_new,
-                   "beta": a.beta, "remat": a.remat, "shared_prompt_kv": a.shared_prompt_kv, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
+                   "beta": a.beta, "remat": a.remat, "shared_prompt_kv": a.shared_prompt_kv, "bf16": a.bf16, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
                    "prompt_bucket": bucket(longest, (32, 64, 128, 256, 512, 1024, 2048)),
                    "check_only": a.check_only, "torch_threads": a.torch_threads,
                    "compile_cache": str(Path(tmp) / f"xla-cache-{name}")}  # ours: cold, then ours-warm reads it
@@ -604,7 +613,7 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     section = "grpo_step_vs_peers"
     if a.shape == "realistic":
-        section = f"grpo_step_vs_peers, realistic shapes, beta {a.beta:g}"
+        section = f"grpo_step_vs_peers, realistic shapes, beta {a.beta:g}" + (", bf16" if a.bf16 else "")
         body = (
             f"The same comparison at realistic shapes: B distinct chat prompts per step (8 for tiny, 4 for smollm2), "
             f"each a long system prompt of worked examples plus its own question, {a.prompt_tokens - 8}-"
@@ -613,12 +622,17 @@ def main():
             f"); ours {'row by row' if a.no_shared_prefix else 'with its default shared-prefix update'}"
             + (f" and `model.remat={a.remat}`" if a.remat != "none" else "")
             + (" and `rollout.shared_prompt_kv=true`" if a.shared_prompt_kv else "") + ". "
-            "Everything else as in the section above (float32, one AdamW update per rollout, medians of "
+            + ("In bfloat16: ours keeps float32 training weights and samples with them cast to bfloat16 "
+               "(`rollout.sampler_dtype=bfloat16`, which needs `recipe.old_logp=recompute`: one more forward pass "
+               "for the old log-probs); TRL runs with `bf16=True` (float32 weights under bfloat16 autocast, its "
+               "generation included). " if a.bf16 else "")
+            + "Everything else as in the section above (" + ("" if a.bf16 else "float32, ")
+            + "one AdamW update per rollout, medians of "
             f"{a.repeats} steps after {a.warmup} warm-up steps). "
             f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
             f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
             f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "none" else "")
-            + (" --shared-prompt-kv" if a.shared_prompt_kv else "")
+            + (" --shared-prompt-kv" if a.shared_prompt_kv else "") + (" --bf16 --impls " + a.impls if a.bf16 else "")
             + (" --peer-hugepages" if a.peer_hugepages else "")
             + "`" + (" with `JAXRL_LLM_HUGEPAGES=1` in the environment" if ours_tuned else "")
             + ".\n\n"

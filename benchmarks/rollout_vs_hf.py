@@ -12,7 +12,7 @@ time, relative to a float32 2048^3 matmul measured in the same run (XLA:CPU).
 Models: a ~8M-parameter Qwen2-style model (random weights) and the embedded
 SmolLM2-135M-Instruct (float32; bfloat16 on both sides; ours float32 weights decoded in bfloat16 against HF
 in bfloat16). ``--distinct`` (default on) adds batches of 8 and 32 distinct prompts, greedy, one completion
-each.
+each. ``--unroll true|false`` unrolls or scans our sampler's layers (default: its own rule).
 
 Run: ``.venv/bin/python benchmarks/rollout_vs_hf.py [--repeats 3] [--write]``.
 """
@@ -82,10 +82,11 @@ def matmul_gflops() -> float:
     return 2 * 2048 ** 3 / statistics.median(ts) / 1e9
 
 
-def run_ours(model, prompts: np.ndarray, repeats: int, g: int = G, greedy: bool = False, weight_dtype=None):
+def run_ours(model, prompts: np.ndarray, repeats: int, g: int = G, greedy: bool = False, weight_dtype=None,
+             unroll="auto"):
     gd, params = nnx.split(model)
     sampler = Sampler(gd, SamplingConfig(max_new_tokens=T, num_samples=g, greedy=greedy, weight_dtype=weight_dtype),
-                      length_buckets=(P,))
+                      length_buckets=(P,), unroll_layers=unroll)
     plist = [list(p) for p in prompts]
     t0 = time.perf_counter()
     out = sampler(params, plist, jax.random.key(0))
@@ -129,11 +130,17 @@ def main():
     ap.add_argument("--distinct", action="store_true", default=True,
                     help="also batches of distinct prompts, one greedy completion each (default on)")
     ap.add_argument("--no-distinct", dest="distinct", action="store_false")
+    ap.add_argument("--unroll", choices=("auto", "true", "false"), default="auto",
+                    help="our sampler's layers: unrolled, scanned, or its own rule (auto: scanned for float32 "
+                         "models above 128 MiB)")
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(2)
+    unroll = {"auto": "auto", "true": True, "false": False}[a.unroll]
+    unroll_text = {"auto": "the sampler's auto rule (scanned for float32 SmolLM2, unrolled otherwise)",
+                   "true": "unrolled", "false": "scanned"}[a.unroll]
     peak = matmul_gflops()
     rows_out = []
     rng = np.random.default_rng(0)
@@ -159,7 +166,7 @@ def main():
             shapes = [(8, G, False), (32, G, False)] + ([(8, 1, True), (32, 1, True)] if a.distinct else [])
             for batch, g, greedy in shapes:
                 prompts = rng.integers(3, ours.cfg.vocab_size, (batch // g, P))
-                t_ours, first = run_ours(ours, prompts, a.repeats, g, greedy, weight_dtype)
+                t_ours, first = run_ours(ours, prompts, a.repeats, g, greedy, weight_dtype, unroll)
                 t_hf = run_hf(hf, prompts, a.repeats, g, greedy)
                 util = flops(ours, batch, batch // g) / t_ours / 1e9 / peak
                 what = f"{batch // g} x {g} sampled" if g > 1 else f"{batch} distinct, greedy"
@@ -174,17 +181,20 @@ def main():
             "batch 32 = 4 prompts); and batches of distinct prompts with one greedy completion each (no prefix "
             "shared: both sides prefill every row). smollm2-bf16w: ours keeps the float32 weights and decodes with "
             "them cast to bfloat16 (`SamplingConfig.weight_dtype`), against HF in bfloat16. "
+            f"Our sampler's layers: {unroll_text}. "
             f"Medians of {a.repeats} runs after warm-up; utilisation = model FLOPs / time / "
             f"matmul rate ({peak:.0f} GFLOP/s for a float32 2048^3 matmul in this run). Machine: {machine()}. "
             f"Reproduce: `.venv/bin/python benchmarks/rollout_vs_hf.py --models {a.models}"
-            f"{'' if a.distinct else ' --no-distinct'} --repeats {a.repeats} --write`.\n\n"
+            f"{'' if a.distinct else ' --no-distinct'}{'' if a.unroll == 'auto' else ' --unroll ' + a.unroll}"
+            f" --repeats {a.repeats} --write`.\n\n"
             "| model | batch (prompts) | HF s | ours s | speed-up | ours tokens/s | ours utilisation | ours first call s "
             "(compile + run) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows_out))
     print(body)
     if a.write:  # the default models' section, or one of its own for another selection
         default = ap.get_default("models")
-        write_section("rollout_vs_hf" if a.models == default and a.distinct else
-                      f"rollout_vs_hf ({a.models}{'' if a.distinct else ', no distinct'})", body)
+        write_section("rollout_vs_hf" if a.models == default and a.distinct and a.unroll == "auto" else
+                      f"rollout_vs_hf ({a.models}{'' if a.distinct else ', no distinct'}"
+                      f"{'' if a.unroll == 'auto' else ', unroll ' + a.unroll})", body)
 
 
 if __name__ == "__main__":

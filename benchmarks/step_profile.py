@@ -97,6 +97,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--unroll", action="store_true", help="rollout: unrolled layers")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="rollout: completions per prompt (default 8; 1 with distinct prompts: nothing shared)")
+    ap.add_argument("--greedy", action="store_true", help="rollout: greedy decoding (default: temperature 1)")
     ap.add_argument("--remat", choices=("none", "dots", "full"), default="none",
                     help="update: the model's remat policy (dots: recompute attention, keep the projections)")
     ap.add_argument("--top", type=int, default=25)
@@ -138,7 +141,9 @@ def main():
 
             rng = np.random.default_rng(0)
             prompts = [list(rng.integers(1, 1000, a.prompt_len)) for _ in range(a.prompts)]
-            s = Sampler(gd, SamplingConfig(max_new_tokens=a.new_tokens, num_samples=G, temperature=1.0),
+            cfg_s = SamplingConfig(max_new_tokens=a.new_tokens, num_samples=a.samples or G, temperature=1.0,
+                                   greedy=a.greedy)
+            s = Sampler(gd, cfg_s,
                         length_buckets=(a.prompt_len,), unroll_layers=a.unroll)
             run = lambda: s(params, prompts, jax.random.key(1))  # noqa: E731
             run()

@@ -149,6 +149,17 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return z
 
 
+def first_argmax(z: jax.Array) -> jax.Array:
+    """``jnp.argmax(z, axis=-1)`` (the first index of the row's maximum; of its first NaN if
+    it has one) as a max and a min over ``z``: XLA:CPU runs argmax's value-and-index reduction
+    element by element, at ~1.2 ms per ``[32, 16384]`` float32 row block (18% of a greedy decode
+    step of an 8.7M model), and these two plain reductions vectorise."""
+    zmax = jnp.max(z, axis=-1, keepdims=True)  # NaN if the row has one (max propagates NaN)
+    hit = (z == zmax) | jnp.isnan(z)
+    idx = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
+    return jnp.min(jnp.where(hit, idx, z.shape[-1]), axis=-1)
+
+
 def sample_tokens(logits: jax.Array, key: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
     """Draw one token per row. Returns ``(tokens [N] int32, logprobs [N] float32)``.
 
@@ -161,7 +172,7 @@ def sample_tokens(logits: jax.Array, key: jax.Array, cfg: SamplingConfig) -> tup
     t = 1.0 if cfg.greedy else cfg.temperature
     zt = logits.astype(jnp.float32) / t
     if cfg.greedy:
-        tok = jnp.argmax(z, axis=-1)
+        tok = first_argmax(z)
         lse = jax.nn.logsumexp(zt, axis=-1)
     else:
         # inverse-CDF draw: one uniform per row (a Gumbel draw needs one per vocabulary entry,

@@ -110,7 +110,12 @@ class RolloutSpec:
     with ``recipe.is_weights=tis`` or ``icepop``. ``shared_prompt_kv``: the ``num_samples`` rows of a
     prompt read its keys/values once while decoding instead of a copy each (less cache memory and
     fewer bytes per decode step when prompts are long; equal to float rounding, not bit for bit,
-    so off by default; :class:`jaxrl_llm.rollout.SamplingConfig`)."""
+    so off by default; :class:`jaxrl_llm.rollout.SamplingConfig`). ``unroll_layers``: decode with the
+    layers unrolled over per-layer copies of the weights (``true``) or scanned over the stacked
+    weights (``false``); unset: :class:`jaxrl_llm.rollout.Sampler`'s ``"auto"`` (scanned for float32
+    models above 128 MiB). Unrolled is faster for large decode batches (SmolLM2, 32 distinct prompts:
+    7.8 against 9.8 s) and compiles longer; it matches the scanned sampler to float rounding, not bit
+    for bit. The held-out evaluation's sampler follows it too."""
 
     prompts_per_step: int = 8
     num_samples: int = 8
@@ -127,6 +132,7 @@ class RolloutSpec:
     tree_branch: int = 2
     sampler_dtype: str | None = None
     shared_prompt_kv: bool = False
+    unroll_layers: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,13 +32,14 @@ class Evaluator:
       chat, system_prompt: prompt rendering (as the training data).
       batch_size: prompts per sampler call (rows are padded to it: one compile).
       prefix: metric name prefix.
+      unroll_layers: the sampler's layer unrolling (:class:`~jaxrl_llm.rollout.Sampler`).
     """
 
     def __init__(self, graphdef: Any, tokenizer: Any, rows: Sequence[dict], score: Callable[[str, dict], float], *,
                  max_new_tokens: int, stop_token_ids: Sequence[int], pad_token_id: int, chat: bool = True,
                  system_prompt: str | None = None, batch_size: int = 64, length_buckets: Sequence[int] = (32, 64, 128,
                                                                                                            256, 512),
-                 prefix: str = "eval"):
+                 prefix: str = "eval", unroll_layers: bool | str = "auto"):
         if not rows:
             raise ValueError("Evaluator needs at least one row")
         self.rows, self.score, self.tokenizer, self.prefix = list(rows), score, tokenizer, prefix
@@ -47,7 +48,8 @@ class Evaluator:
         self.batch_size = min(batch_size, len(self.rows))
         cfg = SamplingConfig(max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=tuple(stop_token_ids),
                              pad_token_id=pad_token_id)
-        self.sampler = Sampler(graphdef, cfg, length_buckets=length_buckets, batch_buckets=(self.batch_size,))
+        self.sampler = Sampler(graphdef, cfg, length_buckets=length_buckets, batch_buckets=(self.batch_size,),
+                               unroll_layers=unroll_layers)
         self.last_completions: list[str] = []
 
     def completions(self, params: Any, *frozen: Any) -> list[str]:

@@ -134,6 +134,12 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1):
     return None, why
 
 
+def _unroll_choice(cfg: RLRunConfig) -> bool | str:
+    """``rollout.unroll_layers`` as the samplers take it (unset: their ``"auto"`` rule)."""
+    u = cfg.rollout.unroll_layers
+    return "auto" if u is None else bool(u)
+
+
 def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
     from jaxrl_llm.rollout import SamplingConfig
 
@@ -338,7 +344,7 @@ class _Setup:
         return Evaluator(self.gd, self.tok, rows, score_fn, max_new_tokens=c.rollout.max_new_tokens,
                          stop_token_ids=(self.stop,), pad_token_id=self.pad, chat=c.data.chat,
                          system_prompt=c.data.system_prompt, batch_size=c.run.eval_batch_size,
-                         length_buckets=tuple(c.rollout.prompt_buckets))
+                         length_buckets=tuple(c.rollout.prompt_buckets), unroll_layers=_unroll_choice(c))
 
 
 def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
@@ -462,10 +468,11 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         from jaxrl_llm.rollout import TreeSampler
 
         sampler = TreeSampler(s.gd, _sampling(cfg, (s.stop,), s.pad), segment=cfg.rollout.tree_segment,
-                              branch=cfg.rollout.tree_branch, length_buckets=tuple(cfg.rollout.prompt_buckets))
+                              branch=cfg.rollout.tree_branch, length_buckets=tuple(cfg.rollout.prompt_buckets),
+                              unroll_layers=_unroll_choice(cfg))
     else:
         sampler = Sampler(s.gd, _sampling(cfg, (s.stop,), s.pad), length_buckets=tuple(cfg.rollout.prompt_buckets),
-                          mesh=sampler_mesh, param_rules=sampler_rules)
+                          mesh=sampler_mesh, param_rules=sampler_rules, unroll_layers=_unroll_choice(cfg))
     critic = None
     if rec.needs_critic:
         base = nnx.state(nnx.merge(s.gd, params, s.frozen_state), nnx.Param)  # backbone (LoRA adapters excluded)

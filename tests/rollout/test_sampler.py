@@ -193,6 +193,24 @@ def test_buckets_bound_the_number_of_compilations():
     assert len(compiles) - n0 == len(s.compiled_shapes), (len(compiles) - n0, s.compiled_shapes)
 
 
+def test_first_argmax_is_argmax_with_ties_infinities_and_nans():
+    from jaxrl_llm.rollout.sampling import first_argmax
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(64, 300)).astype(np.float32)
+    z[1, [7, 40, 299]] = 9.0  # ties: the first index wins
+    z[2] = -np.inf  # all -inf: index 0
+    z[3, [5, 9]] = np.inf
+    z[4, [12, 30]] = np.nan  # the first NaN, as argmax
+    z[5, 0] = np.nan
+    z[6] = np.round(z[6])  # many ties
+    z[7, -1] = 50.0
+    for x in (z, z.astype(jnp.bfloat16)):
+        got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x)))
+        np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+    assert got[1] == 7 and got[2] == 0 and got[3] == 5 and got[4] == 12 and got[5] == 0 and got[7] == 299
+
+
 def test_pass_at_k_by_hand():
     assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 1) == 1.0
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)

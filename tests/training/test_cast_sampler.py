@@ -105,3 +105,25 @@ def test_shared_prompt_kv_reaches_the_sampler_and_refuses_the_tree_sampler(tmp_p
     assert _sampling(on, (3,), 0).shared_prompt_kv is True
     with pytest.raises(ConfigError, match="rollout.shared_prompt_kv=true is not supported with rollout.tree_segment"):
         check_rl(apply_overrides(cfg, ["rollout.shared_prompt_kv=true", "rollout.tree_segment=2"]))
+
+
+def test_unroll_layers_reaches_the_samplers(tmp_path):
+    from jaxrl_llm.config import apply_overrides
+    from jaxrl_llm.training.evaluate import Evaluator
+    from jaxrl_llm.training.runner import _unroll_choice, check_rl
+    from test_shared_prefix_update import _tiny
+
+    cfg = _tiny(tmp_path)
+    assert _unroll_choice(cfg) == "auto"  # unset: the sampler's own rule, as before
+    for text, want in (("true", True), ("false", False)):
+        c = apply_overrides(cfg, [f"rollout.unroll_layers={text}"])
+        check_rl(c)
+        assert _unroll_choice(c) is want
+
+    class Tok:  # the evaluator renders and tokenises its prompts up front
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [3, 4, 5]}
+
+    ev = Evaluator(None, Tok(), [{"prompt": "x"}], lambda c, r: 0.0, max_new_tokens=2, stop_token_ids=(1,),
+                   pad_token_id=0, chat=False, unroll_layers=False)
+    assert ev.sampler.unroll_layers is False
