@@ -630,7 +630,8 @@ def main():
             + "one AdamW update per rollout, medians of "
             f"{a.repeats} steps after {a.warmup} warm-up steps). "
             f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
-            f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --shape realistic --beta {a.beta:g} "
+            f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --models {a.models} --shape realistic "
+            f"--beta {a.beta:g} "
             f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "none" else "")
             + (" --shared-prompt-kv" if a.shared_prompt_kv else "") + (" --bf16 --impls " + a.impls if a.bf16 else "")
             + (" --peer-hugepages" if a.peer_hugepages else "")

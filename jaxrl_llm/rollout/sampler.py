@@ -244,7 +244,10 @@ class Sampler:
     weight copies; not after a scanned one). SmolLM2 in bfloat16 decoded in 8.7 s scanned in
     ``benchmarks/rollout_vs_hf.py`` (batch 8, 64 + 128) against 5.3 s unrolled in that
     benchmark's earlier run, so 16-bit models stay unrolled. The rule is a heuristic from these
-    few points: pass ``True`` / ``False`` to choose.
+    few points: pass ``True`` / ``False`` to choose. Later runs (``benchmarks/rollout_vs_hf.py``,
+    docs/benchmarks.md) found float32 SmolLM2 faster unrolled at 64 + 128 tokens: 7.3 against 10.4 s
+    for 4 x 8 rows, 7.8 against 10.7 s for 32 distinct prompts; the rule is kept so that existing
+    runs keep their rounding (``rollout.unroll_layers`` chooses in a run's config).
     """
 
     UNROLL_MAX_BYTES = UNROLL_MAX_BYTES
