@@ -518,7 +518,7 @@ def main():
     ap.add_argument("--bf16", action="store_true",
                     help="ours: float32 training weights, the sampler decoding with them cast to bfloat16 "
                          "(rollout.sampler_dtype=bfloat16, with recipe.old_logp=recompute); TRL: bf16=True (float32 "
-                         "weights under bfloat16 autocast). Not for tunix")
+                         "weights under bfloat16 autocast). With --shape realistic and --impls ours,trl (not tunix)")
     ap.add_argument("--peer-micro-batches", default="",
                     help="name=m,...: TRL's and tunix's update in m micro-batches (gradient accumulation; the rollout "
                          "stays one batch) so it fits in memory (default: smollm2=4 at --shape realistic, else 1)")
@@ -545,6 +545,8 @@ def main():
 
     from jaxrl_llm.launch import malloc_environment
     impls = a.impls.split(",")
+    if a.bf16 and a.shape != "realistic":
+        raise SystemExit("--bf16 is for --shape realistic (its own docs sections)")
     if a.bf16 and "tunix" in impls:
         raise SystemExit("--bf16 compares ours with TRL in bfloat16; drop tunix from --impls (e.g. --impls ours,trl)")
     ours_tuned = malloc_environment() is not None
@@ -613,7 +615,7 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     section = "grpo_step_vs_peers"
     if a.shape == "realistic":
-        section = f"grpo_step_vs_peers, realistic shapes, beta {a.beta:g}" + (", bf16" if a.bf16 else "")
+        section = f"grpo_step_vs_peers, realistic shapes, beta {a.beta:g}" + (f", bf16 ({a.models})" if a.bf16 else "")
         body = (
             f"The same comparison at realistic shapes: B distinct chat prompts per step (8 for tiny, 4 for smollm2), "
             f"each a long system prompt of worked examples plus its own question, {a.prompt_tokens - 8}-"

@@ -12,7 +12,7 @@ time, relative to a float32 2048^3 matmul measured in the same run (XLA:CPU).
 Models: a ~8M-parameter Qwen2-style model (random weights) and the embedded
 SmolLM2-135M-Instruct (float32; bfloat16 on both sides; ours float32 weights decoded in bfloat16 against HF
 in bfloat16). ``--distinct`` (default on) adds batches of 8 and 32 distinct prompts, greedy, one completion
-each. ``--unroll true|false`` unrolls or scans our sampler's layers (default: its own rule).
+each. ``--unroll true|false|auto`` unrolls or scans our sampler's layers (default auto: its own rule).
 
 Run: ``.venv/bin/python benchmarks/rollout_vs_hf.py [--repeats 3] [--write]``.
 """

@@ -7,7 +7,8 @@ metadata (the JAX operation it came from) and prints the heaviest, plus totals p
 - ``update``: the shared-prefix train step (``make_train_step`` with ``rows_per_prompt = G``)
   on the random batch of ``benchmarks/shared_prefix.py`` (``--prompts`` B x G = 8 completions of
   ``--new-tokens`` tokens after a ``--prompt-len``-token prompt);
-- ``rollout``: ``Sampler`` at B prompts x 8 samples (``--unroll`` to unroll the layers).
+- ``rollout``: ``Sampler`` at B prompts x 8 samples (``--unroll`` to unroll the layers; ``--samples 1
+  --greedy`` for distinct prompts decoded greedily, nothing shared).
 
 Kinds: ``attention`` (the attention's score and value einsums, their transposes), ``dot``
 (XLA's other matmul fusions: the projections), ``scan stacking`` (zero-filling, writing and slicing the
@@ -104,6 +105,8 @@ def main():
                     help="update: the model's remat policy (dots: recompute attention, keep the projections)")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
+    if a.samples is not None and a.samples < 1:
+        raise SystemExit(f"--samples must be >= 1, got {a.samples}")
 
     from flax import nnx
 
@@ -141,7 +144,7 @@ def main():
 
             rng = np.random.default_rng(0)
             prompts = [list(rng.integers(1, 1000, a.prompt_len)) for _ in range(a.prompts)]
-            cfg_s = SamplingConfig(max_new_tokens=a.new_tokens, num_samples=a.samples or G, temperature=1.0,
+            cfg_s = SamplingConfig(max_new_tokens=a.new_tokens, num_samples=G if a.samples is None else a.samples, temperature=1.0,
                                    greedy=a.greedy)
             s = Sampler(gd, cfg_s,
                         length_buckets=(a.prompt_len,), unroll_layers=a.unroll)

@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingConfig", "process_logits", "sample_tokens"]
+__all__ = ["SamplingConfig", "first_argmax", "process_logits", "sample_tokens"]
 
 _NEG = -jnp.inf
 
@@ -150,8 +150,8 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
 
 
 def first_argmax(z: jax.Array) -> jax.Array:
-    """``jnp.argmax(z, axis=-1)`` (the first index of the row's maximum; of its first NaN if
-    it has one) as a max and a min over ``z``: XLA:CPU runs argmax's value-and-index reduction
+    """``jnp.argmax(z, axis=-1)`` as int32 (the first index of the row's maximum; of its first NaN
+    if it has one, as numpy) as a max and a min over ``z``: XLA:CPU runs argmax's value-and-index reduction
     element by element, at ~1.2 ms per ``[32, 16384]`` float32 row block (18% of a greedy decode
     step of an 8.7M model), and these two plain reductions vectorise."""
     zmax = jnp.max(z, axis=-1, keepdims=True)  # NaN if the row has one (max propagates NaN)

@@ -112,10 +112,11 @@ class RolloutSpec:
     fewer bytes per decode step when prompts are long; equal to float rounding, not bit for bit,
     so off by default; :class:`jaxrl_llm.rollout.SamplingConfig`). ``unroll_layers``: decode with the
     layers unrolled over per-layer copies of the weights (``true``) or scanned over the stacked
-    weights (``false``); unset: :class:`jaxrl_llm.rollout.Sampler`'s ``"auto"`` (scanned for float32
-    models above 128 MiB). Unrolled is faster for large decode batches (SmolLM2, 32 distinct prompts:
-    7.8 against 9.8 s) and compiles longer; it matches the scanned sampler to float rounding, not bit
-    for bit. The held-out evaluation's sampler follows it too."""
+    weights (``false``); unset: :class:`jaxrl_llm.rollout.Sampler`'s ``"auto"`` (scanned for models
+    above 128 MiB decoded in float32, i.e. without ``sampler_dtype``). Unrolled is faster for large
+    decode batches (SmolLM2, 32 distinct prompts: 7.8 against 10.7 s) and compiles longer; it matches
+    the scanned sampler to float rounding, not bit for bit. The held-out evaluation's sampler and
+    SPO's continuation sampler follow it too."""
 
     prompts_per_step: int = 8
     num_samples: int = 8

@@ -327,7 +327,7 @@ def _mc_values(tr, step: StepBatch) -> None:
             cfg = dataclasses.replace(tr.sampler.config, num_samples=n)
             sampler = tr.aux_samplers[key] = Sampler(tr.sampler.graphdef, cfg, length_buckets=(p + width,),
                                                      batch_buckets=tuple(2 ** k for k in range(3, 17)),
-                                                     mesh=tr.sampler.mesh)
+                                                     mesh=tr.sampler.mesh, unroll_layers=tr.sampler.unroll_layers)
         group = a["group_ids"]
         comp = a["tokens"][:, p:]
         prefixes = [list(step.prompt_ids[group[i]]) + comp[i, :t].tolist() for i, t in zip(rows, ts)]

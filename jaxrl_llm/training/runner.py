@@ -137,7 +137,7 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1):
 def _unroll_choice(cfg: RLRunConfig) -> bool | str:
     """``rollout.unroll_layers`` as the samplers take it (unset: their ``"auto"`` rule)."""
     u = cfg.rollout.unroll_layers
-    return "auto" if u is None else bool(u)
+    return "auto" if u is None else u
 
 
 def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
@@ -173,6 +173,8 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
     need(isinstance(ro.sampler_devices, int) and not isinstance(ro.sampler_devices, bool) and ro.sampler_devices >= 0,
          f"rollout.sampler_devices must be an int >= 0, got {ro.sampler_devices!r}")
     need(isinstance(ro.asynchronous, bool), f"rollout.asynchronous must be true or false, got {ro.asynchronous!r}")
+    need(ro.unroll_layers is None or isinstance(ro.unroll_layers, bool),
+         f"rollout.unroll_layers must be true, false or unset, got {ro.unroll_layers!r}")
     need(not ro.asynchronous or (ro.sampler_devices and ro.staleness),
          "rollout.asynchronous=true samples the next step on the sampler's own devices during this step's update: "
          f"set rollout.sampler_devices >= 1 and rollout.staleness >= 1 (got {ro.sampler_devices} and {ro.staleness})")

@@ -107,10 +107,11 @@ def test_shared_prompt_kv_reaches_the_sampler_and_refuses_the_tree_sampler(tmp_p
         check_rl(apply_overrides(cfg, ["rollout.shared_prompt_kv=true", "rollout.tree_segment=2"]))
 
 
-def test_unroll_layers_reaches_the_samplers(tmp_path):
-    from jaxrl_llm.config import apply_overrides
-    from jaxrl_llm.training.evaluate import Evaluator
-    from jaxrl_llm.training.runner import _unroll_choice, check_rl
+def test_unroll_layers_reaches_the_samplers(tmp_path, monkeypatch):
+    import jaxrl_llm.rollout as rollout_pkg
+    import jaxrl_llm.training.evaluate as evaluate_mod
+    from jaxrl_llm.config import ConfigError, apply_overrides
+    from jaxrl_llm.training.runner import _unroll_choice, check_rl, run_rl
     from test_shared_prefix_update import _tiny
 
     cfg = _tiny(tmp_path)
@@ -119,11 +120,18 @@ def test_unroll_layers_reaches_the_samplers(tmp_path):
         c = apply_overrides(cfg, [f"rollout.unroll_layers={text}"])
         check_rl(c)
         assert _unroll_choice(c) is want
+    with pytest.raises(ConfigError, match="rollout.unroll_layers must be true, false or unset"):
+        check_rl(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, unroll_layers="false")))
 
-    class Tok:  # the evaluator renders and tokenises its prompts up front
-        def __call__(self, text, add_special_tokens=True):
-            return {"input_ids": [3, 4, 5]}
+    built = []
 
-    ev = Evaluator(None, Tok(), [{"prompt": "x"}], lambda c, r: 0.0, max_new_tokens=2, stop_token_ids=(1,),
-                   pad_token_id=0, chat=False, unroll_layers=False)
-    assert ev.sampler.unroll_layers is False
+    class Recording(Sampler):  # every sampler the run builds: the trainer's and the evaluator's
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            built.append(self.unroll_layers)
+
+    monkeypatch.setattr(rollout_pkg, "Sampler", Recording)
+    monkeypatch.setattr(evaluate_mod, "Sampler", Recording)
+    run = apply_overrides(_tiny(tmp_path / "run"), ["rollout.unroll_layers=false", "run.steps=1", "run.eval_every=1"])
+    run_rl(run)
+    assert len(built) >= 2 and all(u is False for u in built), built
