@@ -409,10 +409,12 @@ def prepare(name: str, tmp: Path) -> tuple[Path, str]:
     raise SystemExit(f"unknown model {name!r} (tiny, smollm2)")
 
 
-def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False) -> dict:
-    py = VENVS[impl] / "bin" / "python"
+def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False, ours_venv: Path | None = None) -> dict:
+    py = (ours_venv if ours_venv is not None and impl.startswith("ours") else VENVS[impl]) / "bin" / "python"
     if not py.exists():
-        return {"error": f"{py} missing (run scripts/setup_{'peers' if impl == 'trl' else impl}.sh)"}
+        how = (f"python3 -m venv {py.parent.parent.name} && {py.parent.parent.name}/bin/pip install -e ."
+               if impl.startswith("ours") else f"bash scripts/setup_{'peers' if impl == 'trl' else impl}.sh")
+        return {"error": f"{py} missing (run {how})"}
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     env.pop("GLIBC_TUNABLES", None)
     # ours as the jaxrl-llm command runs itself: large allocations on huge pages when JAXRL_LLM_HUGEPAGES=1
@@ -526,6 +528,9 @@ def main():
                     help="run TRL and tunix with large allocations on huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1). "
                          "Ours gets it when JAXRL_LLM_HUGEPAGES=1 is set, as its command does; a GLIBC_TUNABLES of "
                          "the calling shell is not passed to any worker")
+    ap.add_argument("--ours-venv", default="",
+                    help="run ours from this virtualenv instead of .venv, e.g. .venv-core: the core install of "
+                         "scripts/main.sh, without the test extras' torch that transformers imports when present")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -582,7 +587,8 @@ def main():
                 print(f"[{name}] {impl} ...", flush=True)
                 # ours-warm only measures the launch on a warm cache: two steps are enough
                 res[impl] = run_worker(impl, dict(job, warmup=1, repeats=1) if impl == "ours-warm" else job,
-                                       peer_hugepages=a.peer_hugepages)
+                                       peer_hugepages=a.peer_hugepages,
+                                       ours_venv=(ROOT / a.ours_venv) if a.ours_venv else None)
                 if "steps_s" in res[impl]:
                     res[impl]["warmup_s"] = res[impl]["steps_s"][:1 if impl == "ours-warm" else a.warmup]
                 versions.update({impl: res[impl]["version"]} if "version" in res[impl] else {})
@@ -636,7 +642,7 @@ def main():
             f"--beta {a.beta:g} "
             f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "none" else "")
             + (" --shared-prompt-kv" if a.shared_prompt_kv else "") + (" --bf16 --impls " + a.impls if a.bf16 else "")
-            + (" --peer-hugepages" if a.peer_hugepages else "")
+            + (" --peer-hugepages" if a.peer_hugepages else "") + (f" --ours-venv {a.ours_venv}" if a.ours_venv else "")
             + "`" + (" with `JAXRL_LLM_HUGEPAGES=1` in the environment" if ours_tuned else "")
             + ".\n\n"
             + body[body.index("| model | TRL s"):])
