@@ -257,8 +257,8 @@ def worker_trl(job: dict) -> dict:
         # optimiser step and one generation per step (steps_per_generation = gradient_accumulation_steps)
         m = int(job.get("peer_micro_batches") or 1)
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=b * G // m, gradient_accumulation_steps=m,
-                          num_generations=G,
-                          max_completion_length=t_new, beta=beta, bf16=bool(job.get("bf16", False)), use_cpu=True, learning_rate=LR,
+                          num_generations=G, max_completion_length=t_new, beta=beta,
+                          bf16=bool(job.get("bf16", False)), use_cpu=True, learning_rate=LR,
                           weight_decay=0.0, max_grad_norm=1.0, temperature=1.0, top_k=0, top_p=1.0,
                           generation_kwargs={"min_new_tokens": t_new}, loss_type="grpo", gradient_checkpointing=False,
                           max_steps=steps, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,

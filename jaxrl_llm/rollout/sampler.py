@@ -188,8 +188,7 @@ def decode(model: Any, layers: Any, logits: jax.Array, cache: Any, done: jax.Arr
         mask = jax.lax.dynamic_update_slice(s.mask, live[:, None], (0, s.step))
         logprobs = jax.lax.dynamic_update_slice(s.logprobs, jnp.where(live, lp, 0.0)[:, None], (0, s.step))
         done = s.done | (live & jnp.isin(tok, stop))
-        kw = {} if prefix is None else {"prefix": prefix}
-        hh, cache = model(tok[:, None], live[:, None], cache=s.cache, layers=layers, **kw)
+        hh, cache = model(tok[:, None], live[:, None], cache=s.cache, layers=layers, prefix=prefix)
         return _Loop(s.step + 1, model.logits(hh[:, 0]), cache, done, tokens, mask, logprobs)
 
     init = _Loop(jnp.zeros((), jnp.int32), logits, cache, done,
