@@ -33,7 +33,7 @@ __all__ = [
     "preset",
 ]
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma2", "gemma3", "qwen3_moe")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -108,6 +108,19 @@ class ModelConfig:
     tie_embeddings: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] | None = None  # None: every layer when sliding_window is set
+    # Gemma 2 / 3
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w): 1.0 for Gemma (weights stored around 0)
+    post_norms: bool = False  # also normalise the attention and MLP outputs before their residual adds
+    embed_scale: bool = False  # multiply the token embeddings by sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # attention scale query_pre_attn_scalar**-0.5 (None: head_dim)
+    attn_softcap: float | None = None  # attention scores c * tanh(s / c), before the mask
+    final_softcap: float | None = None  # output logits c * tanh(z / c)
+    local_rope_theta: float | None = None  # rope base of the sliding-window layers (Gemma 3), default rope
+    # mixture of experts (Qwen3-MoE): every layer's MLP is num_experts experts, top-k routed
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the k routing weights to sum to 1
     num_labels: int = 1  # outputs of the score head (reward / value models)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -147,15 +160,41 @@ class ModelConfig:
             object.__setattr__(self, "sliding_layers", tuple(bool(x) for x in self.sliding_layers))
             need(len(self.sliding_layers) == self.num_layers, "sliding_layers",
                  f"must have one entry per layer ({self.num_layers})")
+        for f in ("query_pre_attn_scalar", "attn_softcap", "final_softcap", "local_rope_theta"):
+            v = getattr(self, f)
+            need(v is None or v > 0, f, "must be > 0 or None")
+        if self.num_experts:
+            need(isinstance(self.num_experts, (int, np.integer)) and self.num_experts >= 2, "num_experts",
+                 "must be 0 (dense MLP) or an int >= 2")
+            need(isinstance(self.num_experts_per_tok, (int, np.integer))
+                 and 1 <= self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
+                 f"must be an int in [1, num_experts={self.num_experts}]")
+            need(isinstance(self.moe_intermediate_size, (int, np.integer)) and self.moe_intermediate_size >= 1,
+                 "moe_intermediate_size", "must be a positive int when num_experts > 0")
+            need(self.gated_mlp, "gated_mlp", "must be True for a mixture of experts (gated experts)")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.lora is not None and not isinstance(self.lora, LoRAConfig):
             raise ValueError(f"ModelConfig.lora must be a LoRAConfig or None, got {self.lora!r}")
+        if self.lora is not None and self.num_experts:
+            mlp = [t for t in self.lora.targets if t in ("gate", "up", "down")]
+            need(not mlp, "lora", f"targets {mlp} are MLP projections, which a mixture of experts replaces by "
+                 "stacked experts without adapters: target the attention (q k v o)")
 
     # ------------------------------------------------------------------ derived
     @property
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attn_scale(self) -> float:
+        """Multiplier of the attention scores: ``query_pre_attn_scalar ** -0.5`` (Gemma) or
+        ``head_dim ** -0.5``."""
+        return float((self.query_pre_attn_scalar or self.head_dim) ** -0.5)
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -166,6 +205,14 @@ class ModelConfig:
             return np.zeros(self.num_layers, np.int32)
         on = self.sliding_layers if self.sliding_layers is not None else (True,) * self.num_layers
         return np.array([self.sliding_window if s else 0 for s in on], np.int32)
+
+    def local_rope(self) -> np.ndarray | None:
+        """Inverse frequencies of the sliding-window layers when they have their own base
+        (``local_rope_theta``, default rope: Gemma 3), else None (every layer uses :meth:`rope`)."""
+        if self.local_rope_theta is None:
+            return None
+        exps = np.arange(0, self.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(self.head_dim)
+        return (np.float32(1.0) / (np.float32(self.local_rope_theta) ** exps)).astype(np.float32)
 
     def rope(self) -> tuple[np.ndarray, float]:
         """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale (YaRN).
@@ -285,8 +332,10 @@ def from_hf_config(hf: Any, **overrides) -> ModelConfig:
                           max_position_embeddings=hf.n_positions, qkv_bias=True, o_bias=True, mlp_bias=True,
                           **{**common, "tie_embeddings": bool(getattr(hf, "tie_word_embeddings", True))})
         return cfg.replace(**overrides)
-    if mt not in ("llama", "mistral", "qwen2", "qwen3"):
-        raise NotImplementedError(f"model_type {mt!r} is not supported (supported: llama, mistral, qwen2, qwen3, gpt2)")
+    if mt in ("gemma2", "gemma3_text", "gemma3"):
+        return _gemma_from_hf(hf, common).replace(**overrides)
+    if mt not in ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe"):
+        raise NotImplementedError(f"model_type {mt!r} is not supported (supported: {', '.join(HF_MODEL_TYPES)})")
     act = _HF_ACT.get(hf.hidden_act)
     if act is None:
         raise NotImplementedError(f"hidden_act {hf.hidden_act!r} is not supported")
@@ -296,6 +345,13 @@ def from_hf_config(hf: Any, **overrides) -> ModelConfig:
     qkv_bias = {"qwen2": True, "mistral": False}.get(mt, attn_bias)
     o_bias = {"qwen2": False, "mistral": False}.get(mt, attn_bias)
     window, layers = getattr(hf, "sliding_window", None), None
+    moe = {}
+    if mt == "qwen3_moe":
+        if getattr(hf, "mlp_only_layers", None) or getattr(hf, "decoder_sparse_step", 1) != 1:
+            raise NotImplementedError("qwen3_moe with dense layers (mlp_only_layers, decoder_sparse_step != 1) is not "
+                                      "supported: every layer must be a mixture of experts")
+        moe = dict(num_experts=hf.num_experts, num_experts_per_tok=hf.num_experts_per_tok,
+                   moe_intermediate_size=hf.moe_intermediate_size, norm_topk_prob=bool(hf.norm_topk_prob))
     if mt in ("qwen2", "qwen3"):
         types = getattr(hf, "layer_types", None)
         if window is None or not types or "sliding_attention" not in types:
@@ -308,8 +364,68 @@ def from_hf_config(hf: Any, **overrides) -> ModelConfig:
                       activation=act, gated_mlp=True, position="rope",
                       max_position_embeddings=hf.max_position_embeddings, rope_theta=theta, rope_scaling=scaling,
                       qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-                      qk_norm=mt == "qwen3", sliding_window=window, sliding_layers=layers, **common)
+                      qk_norm=mt in ("qwen3", "qwen3_moe"), sliding_window=window, sliding_layers=layers, **moe,
+                      **common)
     return cfg.replace(**overrides)
+
+
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt2", "gemma2", "gemma3_text")
+
+
+def _rope_params(params: dict, where: str) -> tuple[float, tuple]:
+    params = dict(params)
+    theta = params.pop("rope_theta", None) or 10000.0
+    kind = params.pop("type", None) or params.get("rope_type", "default")
+    params["rope_type"] = kind
+    if kind == "default":
+        return float(theta), ()
+    if kind not in ROPE_TYPES:
+        raise NotImplementedError(f"{where}: rope_type {kind!r} is not supported (supported: {ROPE_TYPES})")
+    return float(theta), tuple(sorted((k, v) for k, v in params.items() if v is not None))
+
+
+def _gemma_from_hf(hf: Any, common: dict) -> ModelConfig:
+    """Gemma 2 and Gemma 3 (text): (1 + w) RMSNorms before and after attention and MLP,
+    sqrt(hidden) embedding scale, query_pre_attn_scalar, soft-capping, sliding-window layers
+    from ``layer_types``, and (Gemma 3) QK-norm and a separate rope base for local layers."""
+    mt = hf.model_type
+    if mt == "gemma3":
+        raise NotImplementedError("model_type 'gemma3' is the multimodal Gemma 3; load its text model "
+                                  "(Gemma3ForCausalLM, model_type 'gemma3_text')")
+    if getattr(hf, "use_bidirectional_attention", False):
+        raise NotImplementedError(f"{mt} with use_bidirectional_attention=True (an encoder) is not supported")
+    act = _HF_ACT.get(hf.hidden_activation)
+    if act is None:
+        raise NotImplementedError(f"hidden_activation {hf.hidden_activation!r} is not supported")
+    rp = dict(getattr(hf, "rope_parameters", None) or {})
+    local_theta = None
+    if "full_attention" in rp or "sliding_attention" in rp:  # Gemma 3: per layer type
+        theta, scaling = _rope_params(rp.get("full_attention") or {}, f"{mt} full_attention")
+        loc_theta, loc_scaling = _rope_params(rp.get("sliding_attention") or {}, f"{mt} sliding_attention")
+        if loc_scaling:
+            raise NotImplementedError(f"{mt}: scaled rope on sliding-window layers is not supported")
+        local_theta = loc_theta if loc_theta != theta or scaling else None
+    else:
+        theta, scaling = _rope_params(rp or {"rope_theta": getattr(hf, "rope_theta", 10000.0)}, mt)
+    types = list(getattr(hf, "layer_types", None) or [])
+    window = getattr(hf, "sliding_window", None)
+    layers = tuple(t == "sliding_attention" for t in types) if types else None
+    if window is None or (layers is not None and not any(layers)):
+        window, layers, local_theta = None, None, None
+    if getattr(hf, "attention_bias", False):
+        raise NotImplementedError(f"{mt} with attention_bias=True is not supported")
+    return ModelConfig(family="gemma2" if mt == "gemma2" else "gemma3", hidden_size=hf.hidden_size,
+                       num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+                       num_kv_heads=hf.num_key_value_heads or hf.num_attention_heads, head_dim=hf.head_dim,
+                       intermediate_size=hf.intermediate_size, norm="rms", norm_eps=hf.rms_norm_eps,
+                       activation=act, gated_mlp=True, position="rope",
+                       max_position_embeddings=hf.max_position_embeddings, rope_theta=theta, rope_scaling=scaling,
+                       qk_norm=mt == "gemma3_text", sliding_window=window, sliding_layers=layers,
+                       norm_offset=1.0, post_norms=True, embed_scale=True,
+                       query_pre_attn_scalar=getattr(hf, "query_pre_attn_scalar", None),
+                       attn_softcap=getattr(hf, "attn_logit_softcapping", None),
+                       final_softcap=getattr(hf, "final_logit_softcapping", None), local_rope_theta=local_theta,
+                       **{**common, "tie_embeddings": bool(getattr(hf, "tie_word_embeddings", True))})
 
 
 def to_hf_config(cfg: ModelConfig, architecture: str = "causal_lm"):
@@ -331,11 +447,13 @@ def to_hf_config(cfg: ModelConfig, architecture: str = "causal_lm"):
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling:
         rope = {**dict(cfg.rope_scaling), "rope_theta": cfg.rope_theta}
+    if cfg.family in ("gemma2", "gemma3"):
+        return _gemma_to_hf(cfg, suffix, rope, common)
     kw = dict(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
               num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
               rms_norm_eps=cfg.norm_eps, hidden_act=_ACT_HF[cfg.activation],
               max_position_embeddings=cfg.max_position_embeddings, rope_parameters=rope, **common)
-    if cfg.family in ("llama", "qwen3"):
+    if cfg.family in ("llama", "qwen3", "qwen3_moe"):
         if cfg.qkv_bias != cfg.o_bias:
             raise ValueError(f"{cfg.family} export needs qkv_bias == o_bias (HF's attention_bias)")
         kw["attention_bias"] = cfg.qkv_bias
@@ -343,13 +461,54 @@ def to_hf_config(cfg: ModelConfig, architecture: str = "causal_lm"):
         kw["mlp_bias"] = cfg.mlp_bias
     if cfg.family == "mistral":
         kw["sliding_window"] = cfg.sliding_window
+    if cfg.family == "qwen3_moe":
+        kw.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                  moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                  decoder_sparse_step=1, mlp_only_layers=[])
+        if cfg.sliding_window is not None:
+            if cfg.sliding_layers is not None and not all(cfg.sliding_layers):
+                raise ValueError("qwen3_moe export: HF applies the sliding window to every layer")
+            kw.update(use_sliding_window=True, sliding_window=cfg.sliding_window)
     if cfg.family in ("qwen2", "qwen3") and cfg.sliding_window is not None:
         layers = cfg.sliding_layers or (True,) * cfg.num_layers
         kw.update(use_sliding_window=True, sliding_window=cfg.sliding_window,
                   layer_types=["sliding_attention" if s else "full_attention" for s in layers])
     hf = AutoConfig.for_model(cfg.family, **kw)
-    hf.architectures = [{"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[cfg.family]
-                        + suffix]
+    hf.architectures = [{"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+                         "qwen3_moe": "Qwen3Moe"}[cfg.family] + suffix]
+    return hf
+
+
+def _gemma_to_hf(cfg: ModelConfig, suffix: str, rope: dict, common: dict):
+    from transformers import AutoConfig
+
+    if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias:
+        raise ValueError(f"{cfg.family} export: HF Gemma has no biases")
+    layers = cfg.sliding_layers or (True,) * cfg.num_layers
+    if cfg.sliding_window is None:
+        layers = (False,) * cfg.num_layers
+    kw = dict(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+              num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
+              rms_norm_eps=cfg.norm_eps, hidden_activation={"gelu_tanh": "gelu_pytorch_tanh"}.get(
+                  cfg.activation, _ACT_HF[cfg.activation]),
+              max_position_embeddings=cfg.max_position_embeddings, sliding_window=cfg.sliding_window or 4096,
+              layer_types=["sliding_attention" if s else "full_attention" for s in layers],
+              query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+              attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.final_softcap, **common)
+    if cfg.family == "gemma2":
+        if cfg.local_rope_theta is not None:
+            raise ValueError("gemma2 export: HF Gemma 2 has one rope base (local_rope_theta must be None)")
+        hf = AutoConfig.for_model("gemma2", rope_parameters=rope, **kw)
+        name = "Gemma2"
+    else:
+        local = {"rope_type": "default", "rope_theta": cfg.local_rope_theta or cfg.rope_theta}
+        if cfg.local_rope_theta is None and cfg.rope_scaling:
+            raise ValueError("gemma3 export: scaled rope on every layer needs local_rope_theta (HF scales the "
+                             "global layers only)")
+        hf = AutoConfig.for_model("gemma3_text", rope_parameters={"full_attention": rope, "sliding_attention": local},
+                                  **kw)
+        name = "Gemma3"
+    hf.architectures = [name + suffix]
     return hf
 
 
@@ -371,8 +530,9 @@ def _llama3(**kw):
 
 def _qwen(family="qwen2", **kw):
     kw.setdefault("vocab_size", 151936)
+    kw.setdefault("max_position_embeddings", 32768)
     return ModelConfig(family=family, norm_eps=1e-6, rope_theta=1e6, qkv_bias=family == "qwen2",
-                       qk_norm=family == "qwen3", max_position_embeddings=32768, eos_token_id=151643, **kw)
+                       qk_norm=family in ("qwen3", "qwen3_moe"), eos_token_id=151643, **kw)
 
 
 _L31 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
@@ -412,9 +572,43 @@ PRESETS: dict[str, ModelConfig] = {
                                 num_kv_heads=3, head_dim=64, intermediate_size=1536, norm_eps=1e-5,
                                 rope_theta=100000.0, max_position_embeddings=8192, tie_embeddings=True,
                                 bos_token_id=1, eos_token_id=2, pad_token_id=2),
+    "gemma2-2b": ModelConfig(family="gemma2", vocab_size=256000, hidden_size=2304, num_layers=26, num_heads=8,
+                             num_kv_heads=4, head_dim=256, intermediate_size=9216, norm_eps=1e-6,
+                             activation="gelu_tanh", max_position_embeddings=8192, tie_embeddings=True,
+                             sliding_window=4096, sliding_layers=tuple(i % 2 == 0 for i in range(26)),
+                             norm_offset=1.0, post_norms=True, embed_scale=True, query_pre_attn_scalar=256,
+                             attn_softcap=50.0, final_softcap=30.0, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "gemma3-1b": ModelConfig(family="gemma3", vocab_size=262144, hidden_size=1152, num_layers=26, num_heads=4,
+                             num_kv_heads=1, head_dim=256, intermediate_size=6912, norm_eps=1e-6,
+                             activation="gelu_tanh", max_position_embeddings=32768, rope_theta=1e6,
+                             tie_embeddings=True, sliding_window=512,
+                             sliding_layers=tuple((i + 1) % 6 != 0 for i in range(26)), qk_norm=True,
+                             norm_offset=1.0, post_norms=True, embed_scale=True, query_pre_attn_scalar=256,
+                             local_rope_theta=1e4, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "gemma3-27b": ModelConfig(family="gemma3", vocab_size=262208, hidden_size=5376, num_layers=62, num_heads=32,
+                              num_kv_heads=16, head_dim=128, intermediate_size=21504, norm_eps=1e-6,
+                              activation="gelu_tanh", max_position_embeddings=131072, rope_theta=1e6,
+                              rope_scaling=(("factor", 8.0), ("rope_type", "linear")), tie_embeddings=True,
+                              sliding_window=1024, sliding_layers=tuple((i + 1) % 6 != 0 for i in range(62)),
+                              qk_norm=True, norm_offset=1.0, post_norms=True, embed_scale=True,
+                              query_pre_attn_scalar=168, local_rope_theta=1e4, bos_token_id=2, eos_token_id=1,
+                              pad_token_id=0),
+    "qwen3-30b-a3b": _qwen("qwen3_moe", hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
+                           intermediate_size=6144, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                           norm_topk_prob=True, max_position_embeddings=40960),
     # tiny prime-sized configs for tests and CPU experiments
     "tiny": ModelConfig(family="llama", vocab_size=263, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=112, norm_eps=1e-5, max_position_embeddings=512),
+    "tiny-moe": ModelConfig(family="qwen3_moe", vocab_size=263, hidden_size=64, num_layers=2, num_heads=4,
+                            num_kv_heads=2, head_dim=16, intermediate_size=112, norm_eps=1e-6, qk_norm=True,
+                            max_position_embeddings=512, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, norm_topk_prob=True),
+    "tiny-gemma": ModelConfig(family="gemma3", vocab_size=263, hidden_size=64, num_layers=3, num_heads=4,
+                              num_kv_heads=2, head_dim=16, intermediate_size=112, norm_eps=1e-6,
+                              activation="gelu_tanh", max_position_embeddings=512, tie_embeddings=True,
+                              sliding_window=16, sliding_layers=(True, True, False), qk_norm=True, norm_offset=1.0,
+                              post_norms=True, embed_scale=True, query_pre_attn_scalar=16, final_softcap=30.0,
+                              local_rope_theta=1e4, rope_theta=1e6),
 }
 
 

@@ -96,6 +96,7 @@ class Entry:
     to_hf: Callable[[np.ndarray], np.ndarray]
     prefixed: bool = True  # under the base-model prefix ("model." / "transformer.")
     part: tuple[int, int] | None = None  # (index, count) of a tensor fused along its last axis
+    experts: int = 0  # > 0: one HF tensor per expert ("{j}" in name), stacked on our leading expert axis
 
     @property
     def stacked(self) -> bool:
@@ -136,7 +137,12 @@ def weight_entries(cfg: ModelConfig, head: str = "lm") -> list[Entry]:
     else:
         add("embed", "embed_tokens.weight")
         add("blocks.attn_norm.scale", "layers.{i}.input_layernorm.weight")
-        add("blocks.mlp_norm.scale", "layers.{i}.post_attention_layernorm.weight")
+        if cfg.post_norms:  # Gemma: post_attention_layernorm normalises the attention output
+            add("blocks.post_attn_norm.scale", "layers.{i}.post_attention_layernorm.weight")
+            add("blocks.mlp_norm.scale", "layers.{i}.pre_feedforward_layernorm.weight")
+            add("blocks.post_mlp_norm.scale", "layers.{i}.post_feedforward_layernorm.weight")
+        else:
+            add("blocks.mlp_norm.scale", "layers.{i}.post_attention_layernorm.weight")
         for n, heads in (("q", h), ("k", kh), ("v", kh)):
             add(f"blocks.{n}.kernel", f"layers.{{i}}.self_attn.{n}_proj.weight",
                 lambda w, n_=heads: w.T.reshape(d, n_, dh), lambda x, n_=heads: x.reshape(d, n_ * dh).T)
@@ -150,10 +156,16 @@ def weight_entries(cfg: ModelConfig, head: str = "lm") -> list[Entry]:
         if cfg.qk_norm:
             add("blocks.q_norm.scale", "layers.{i}.self_attn.q_norm.weight")
             add("blocks.k_norm.scale", "layers.{i}.self_attn.k_norm.weight")
-        for n in ("gate", "up", "down"):
-            add(f"blocks.{n}.kernel", f"layers.{{i}}.mlp.{n}_proj.weight", lambda w: w.T, lambda x: x.T)
-            if cfg.mlp_bias:
-                add(f"blocks.{n}.bias", f"layers.{{i}}.mlp.{n}_proj.bias")
+        if cfg.is_moe:  # the hub layout: a router and one gate/up/down triple per expert
+            add("blocks.moe.router.kernel", "layers.{i}.mlp.gate.weight", lambda w: w.T, lambda x: x.T)
+            for n in ("gate", "up", "down"):
+                add(f"blocks.moe.{n}", f"layers.{{i}}.mlp.experts.{{j}}.{n}_proj.weight", lambda w: w.T,
+                    lambda x: x.T, experts=cfg.num_experts)
+        else:
+            for n in ("gate", "up", "down"):
+                add(f"blocks.{n}.kernel", f"layers.{{i}}.mlp.{n}_proj.weight", lambda w: w.T, lambda x: x.T)
+                if cfg.mlp_bias:
+                    add(f"blocks.{n}.bias", f"layers.{{i}}.mlp.{n}_proj.bias")
         add("final_norm.scale", "norm.weight")
     if head == "lm" and not cfg.tie_embeddings:
         add("lm_head.kernel", "lm_head.weight", lambda w: w.T, lambda x: x.T, prefixed=False)
@@ -170,9 +182,16 @@ def _prefix(cfg: ModelConfig, names: set[str]) -> str:
     raise KeyError(f"no embedding tensor ('*{embed}') in the checkpoint; is it a {cfg.family} model?")
 
 
-def _hf_name(entry: Entry, prefix: str, layer: int | None) -> str:
-    name = entry.name.format(i=layer) if layer is not None else entry.name
+def _hf_name(entry: Entry, prefix: str, layer: int | None, expert: int | None = None) -> str:
+    name = entry.name.format(i=layer, j=expert) if layer is not None else entry.name
     return prefix + name if entry.prefixed else name
+
+
+def _hf_names(entry: Entry, prefix: str, layer: int | None) -> list[str]:
+    """The HF tensors of one layer of ``entry``: one, or one per expert."""
+    if entry.experts:
+        return [_hf_name(entry, prefix, layer, j) for j in range(entry.experts)]
+    return [_hf_name(entry, prefix, layer)]
 
 
 def _flat(state) -> dict[tuple[str, ...], Any]:
@@ -218,21 +237,24 @@ def load_weights(model_abstract: Transformer, source: TensorSource, *, mesh=None
         if path not in entries:
             raise ValueError(f"no checkpoint tensor is mapped to parameter {'.'.join(path)}")
         en = entries[path]
-        needed = [_hf_name(en, prefix, l) for l in range(cfg.num_layers)] if en.stacked else [_hf_name(en, prefix, None)]
-        absent = [n for n in needed if n not in names]
+        needed = ([_hf_names(en, prefix, l) for l in range(cfg.num_layers)] if en.stacked
+                  else [_hf_names(en, prefix, None)])
+        absent = [n for group in needed for n in group if n not in names]
         if absent:
             raise KeyError(f"checkpoint lacks tensor {absent[0]!r} (for parameter {'.'.join(path)})")
         cache: dict[str, np.ndarray] = {}
 
-        def read(name, en=en, cache=cache, path=path):
-            if name not in cache:
-                w = en.to_ours(source.get(name))
+        def read(group, en=en, cache=cache, path=path):
+            key = group[0]
+            if key not in cache:
+                parts = [en.to_ours(source.get(name)) for name in group]
+                w = np.stack(parts) if en.experts else parts[0]
                 expect = shape[1:] if en.stacked else shape
                 if w.shape != tuple(expect):
-                    raise ValueError(f"tensor {name!r} gives shape {w.shape} for parameter {'.'.join(path)}, "
+                    raise ValueError(f"tensor {key!r} gives shape {w.shape} for parameter {'.'.join(path)}, "
                                      f"expected {tuple(expect)}")
-                cache[name] = w
-            return cache[name]
+                cache[key] = w
+            return cache[key]
 
         def callback(index, en=en, read=read, needed=needed, dtype=dtype):
             if en.stacked:
@@ -295,6 +317,10 @@ def hf_state_dict(model: Transformer, dtype: str = "float32", merge_lora: bool =
         host = np.asarray(jax.device_get(value)).astype(np.float32)
         layers = range(cfg.num_layers) if en.stacked else [None]
         for l in layers:
+            if en.experts:
+                for j, name in enumerate(_hf_names(en, prefix, l)):
+                    out[name] = np.ascontiguousarray(en.to_hf(host[l][j])).astype(npdt)
+                continue
             arr = en.to_hf(host[l] if l is not None else host)
             name = _hf_name(en, prefix, l)
             if en.part is None:

@@ -28,8 +28,8 @@ __all__ = ["token_logprobs", "sequence_logprobs", "shared_prefix_logprobs"]
 
 
 def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
-                   temperature: float = 1.0, with_entropy: bool = True, compute_dtype: Any = None
-                   ) -> tuple[jax.Array, jax.Array | None]:
+                   temperature: float = 1.0, with_entropy: bool = True, compute_dtype: Any = None,
+                   softcap: float | None = None) -> tuple[jax.Array, jax.Array | None]:
     """``log softmax(h W / temperature)[target]`` and the entropy of that distribution.
 
     Args:
@@ -39,6 +39,8 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
       chunk_size: sequence positions per logits slice (``T`` is padded up to a multiple).
       temperature: the sampler's temperature (logprobs of the *sampling* distribution).
       compute_dtype: matmul input dtype (default: ``hidden``'s); accumulation is float32.
+      softcap: the model's final-logit soft-cap (Gemma 2: ``z -> c tanh(z / c)`` before the
+        temperature; ``model.final_softcap``), or None.
 
     Returns:
       ``(logp [B, T], entropy [B, T] or None)`` float32; gradients flow to ``hidden`` and
@@ -50,6 +52,9 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     _checks.check_int("targets", targets)
     _checks.check_static_int("chunk_size", chunk_size)
     _checks.check_positive("temperature", temperature)
+    if softcap is not None:
+        _checks.check_positive("softcap", softcap)
+        softcap = float(softcap)
     b, t, d = hidden.shape
     if targets.shape != (b, t):
         raise ValueError(f"argument 'targets' must have shape {(b, t)} (hidden's [B, T]), got {targets.shape}")
@@ -63,7 +68,7 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
 
     def body(_, xs):
-        return None, _chunk(xs[0], unembedding, xs[1], temperature, bool(with_entropy), dt)
+        return None, _chunk(xs[0], unembedding, xs[1], temperature, bool(with_entropy), dt, softcap)
 
     _, (lp, ent) = jax.lax.scan(body, None, (h, y))
     lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
@@ -71,22 +76,27 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     return lp, (ent if with_entropy else None)
 
 
-def _chunk_forward(h, w, y, temperature, dt):
+def _chunk_forward(h, w, y, temperature, dt, softcap=None):
     z = jnp.einsum("bcd,dv->bcv", h.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
-    z = constrain(z, ("act_batch", "act_seq", "act_vocab")) / temperature
+    z = constrain(z, ("act_batch", "act_seq", "act_vocab"))
+    cap_grad = None
+    if softcap is not None:  # c tanh(z / c); its derivative 1 - tanh^2 for the backward pass
+        th = jnp.tanh(z / softcap)
+        z, cap_grad = softcap * th, 1.0 - jnp.square(th)
+    z = z / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     lp = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0] - lse
-    return z, lse, lp
+    return z, lse, lp, cap_grad
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _chunk(h, w, y, temperature, with_entropy, dt):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _chunk(h, w, y, temperature, with_entropy, dt, softcap=None):
     """``(logp, entropy)`` of one ``[B, c]`` slice; the backward pass recomputes the logits."""
-    return _chunk_fwd(h, w, y, temperature, with_entropy, dt)[0]
+    return _chunk_fwd(h, w, y, temperature, with_entropy, dt, softcap)[0]
 
 
-def _chunk_fwd(h, w, y, temperature, with_entropy, dt):
-    z, lse, lp = _chunk_forward(h, w, y, temperature, dt)
+def _chunk_fwd(h, w, y, temperature, with_entropy, dt, softcap=None):
+    z, lse, lp, _ = _chunk_forward(h, w, y, temperature, dt, softcap)
     if with_entropy:
         ent = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
     else:
@@ -94,18 +104,22 @@ def _chunk_fwd(h, w, y, temperature, with_entropy, dt):
     return (lp, ent), (h, w, y, temperature, lse, ent)  # the [B, c, V] logits are not kept
 
 
-def _chunk_bwd(with_entropy, dt, res, g):
-    """d logp / dz = onehot(y) - p; d entropy / dz = -p (z - E_p[z]); both over temperature.
-    One fused elementwise pass and two matmuls (no scatter for the gathered target)."""
+def _chunk_bwd(with_entropy, dt, softcap, res, g):
+    """d logp / dz = onehot(y) - p; d entropy / dz = -p (z - E_p[z]); both over temperature
+    (and times ``1 - tanh^2`` under a soft-cap). One fused elementwise pass and two matmuls (no
+    scatter for the gathered target)."""
     h, w, y, temperature, lse, ent = res
     g_lp, g_ent = g
-    z = _chunk_forward(h, w, y, temperature, dt)[0]
+    z, _, _, cap_grad = _chunk_forward(h, w, y, temperature, dt, softcap)
     p = jnp.exp(z - lse[..., None])
     hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) == y[..., None]
     dz = g_lp[..., None] * (jnp.where(hit, 1.0, 0.0) - p)
     if with_entropy:  # d(entropy)/dz = -p (z - E_p[z]),  E_p[z] = lse - entropy
         dz = dz - g_ent[..., None] * p * (z - (lse - ent)[..., None])
-    dz = constrain(dz / temperature, ("act_batch", "act_seq", "act_vocab")).astype(dt)
+    dz = dz / temperature
+    if cap_grad is not None:
+        dz = dz * cap_grad
+    dz = constrain(dz, ("act_batch", "act_seq", "act_vocab")).astype(dt)
     dh = jnp.einsum("bcv,dv->bcd", dz, w.astype(dt), preferred_element_type=jnp.float32)
     dw = jnp.einsum("bcd,bcv->dv", h.astype(dt), dz, preferred_element_type=jnp.float32)
     return dh.astype(h.dtype), dw.astype(w.dtype), None, None  # targets, temperature: no gradient
@@ -124,7 +138,7 @@ def sequence_logprobs(model, tokens: jax.Array, mask: jax.Array, *, chunk_size: 
     """
     hidden, _ = model(tokens, mask, positions=positions, segment_ids=segment_ids)
     return token_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size=chunk_size,
-                          temperature=temperature, with_entropy=with_entropy)
+                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap)
 
 
 def shared_prefix_logprobs(model, tokens: jax.Array, mask: jax.Array, prompt_len: int, rows_per_prompt: int, *,
@@ -158,7 +172,7 @@ def shared_prefix_logprobs(model, tokens: jax.Array, mask: jax.Array, prompt_len
     # the completion's first token is predicted from the prompt's last position (shared per block)
     h = jnp.concatenate([jnp.repeat(hp[:, -1:], r, axis=0), hs[:, :-1]], axis=1)
     lp, ent = token_logprobs(h, model.unembedding(), tokens[:, p:], chunk_size=chunk_size, temperature=temperature,
-                             with_entropy=with_entropy)
+                             with_entropy=with_entropy, softcap=model.final_softcap)
     pad = jnp.zeros((n, p - 1), jnp.float32)
     return (jnp.concatenate([pad, lp], axis=1),
             jnp.concatenate([pad, ent], axis=1) if with_entropy else None)

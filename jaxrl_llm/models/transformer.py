@@ -44,6 +44,11 @@ from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, constrain_look
 __all__ = [
     "LoRAParam",
     "KVCache",
+    "MoE",
+    "RouterStats",
+    "load_balancing_loss",
+    "router_mismatch",
+    "softcap_logits",
     "SharedPrefix",
     "Transformer",
     "init_cache",
@@ -76,6 +81,7 @@ class KVCache(NamedTuple):
     valid: jax.Array  # [B, S] bool: slot holds a real (non-padding) token
     index: jax.Array  # [] int32: next slot to write
     next_position: jax.Array  # [B] int32: rope position of the next real token of each row
+    routes: Any = None  # mixture of experts: [B, S, L, k] int32 experts each slot's token was routed to
 
 
 class SharedPrefix(NamedTuple):
@@ -104,6 +110,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = N
     """
     dt = jnp.dtype(dtype or cfg.dtype)
     rows = (jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32))
+    if cfg.is_moe:  # the experts of every cached token, for routing replay in training
+        rows += (jnp.zeros((batch, max_len, cfg.num_layers, cfg.num_experts_per_tok), jnp.int32),)
     kshape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
     vshape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     if per_layer:
@@ -262,18 +270,27 @@ class Norm(nnx.Module):
     def __init__(self, dim: int, cfg: ModelConfig, axis_name: str = "norm"):
         pdt = jnp.dtype(cfg.param_dtype)
         self.kind, self.eps, self.dtype = cfg.norm, float(cfg.norm_eps), jnp.dtype(cfg.dtype)
-        self.scale = nnx.Param(jnp.ones((dim,), pdt), logical_axes=(axis_name,))
+        self.offset = float(cfg.norm_offset)  # Gemma: (1 + w), weights stored around 0
+        self.scale = nnx.Param(jnp.full((dim,), 1.0 - self.offset, pdt), logical_axes=(axis_name,))
         self.bias = nnx.Param(jnp.zeros((dim,), pdt), logical_axes=(axis_name,)) if cfg.norm == "layer" else None
 
     def __call__(self, x):
         x = x.astype(jnp.float32)
         if self.kind == "rms":
             y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-            return (self.scale[...].astype(jnp.float32) * y).astype(self.dtype)
+            w = self.scale[...].astype(jnp.float32)
+            if self.offset:
+                return (y * (self.offset + w)).astype(self.dtype)
+            return (w * y).astype(self.dtype)
         mu = jnp.mean(x, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
         y = (x - mu) * jax.lax.rsqrt(var + self.eps)
         return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def softcap_logits(z: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(z / cap)`` (Gemma 2's final-logit soft-capping), or ``z`` when ``cap`` is None."""
+    return z if cap is None else cap * jnp.tanh(z / cap)
 
 
 def _rotate(x, cos, sin):
@@ -282,7 +299,7 @@ def _rotate(x, cos, sin):
     return (x * cos + rot * sin).astype(x.dtype)
 
 
-def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
+def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=None):
     """Grouped-query attention over one or more key/value *parts*, with one joint softmax.
 
     Causal, padding, segment and sliding-window masks are applied per part. Decoding uses two
@@ -300,6 +317,8 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
       q_slot: ``[T]`` slot index of each query.
       window: scalar int, 0 = none; else keys with ``k_slot <= q_slot - window`` are hidden
         (HF's ``sliding_window`` convention). q_seg: ``[B, T]`` segment ids or None.
+      scale: score multiplier (default ``Dh ** -0.5``). softcap: scores ``c * tanh(s / c)``
+        after scaling and before masking (Gemma 2), or None.
 
     Returns:
       ``[B, T, H, Dh]`` in the values' dtype. Queries with no visible key (padding) get a
@@ -320,6 +339,8 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
             sc = jnp.einsum("urkqd,ukds->urkqs", qg.reshape(b // r, r, kh, g * t, dh), k,
                             preferred_element_type=jnp.float32).reshape(b, kh, g * t, -1) * scale
             k_valid = jnp.repeat(k_valid, r, axis=0)
+        if softcap is not None:
+            sc = softcap * jnp.tanh(sc / softcap)
         allowed = (k_slot[None, None, :] <= q_slot[None, :, None]) & k_valid[:, None, :]  # [B, T, S]
         if window is not None:
             win = jnp.asarray(window)
@@ -344,8 +365,103 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None):
     return out.reshape(b, kh, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(parts[0][1].dtype)
 
 
+class RouterStats(NamedTuple):
+    """What a mixture-of-experts layer's router did, per layer (stacked ``[L, ...]`` from the model).
+
+    ``choice [.., B, T, k]``: the experts the router's own top-k picks for each token (also under
+    routing replay, where the replayed experts compute instead: comparing the two gives the
+    mismatch rate). ``counts [.., E]``: own top-k assignments per expert over the real tokens;
+    ``prob_sum [.., E]``: router probabilities summed over the real tokens (differentiable);
+    ``tokens [..]``: the number of real tokens. The load-balancing loss is built from these
+    (:func:`load_balancing_loss`)."""
+
+    choice: jax.Array
+    counts: jax.Array
+    prob_sum: jax.Array
+    tokens: jax.Array
+
+
+class MoE(nnx.Module):
+    """Mixture of experts (Qwen3-MoE): a linear router, softmax in float32, top-k, optional
+    renormalisation of the k weights (``norm_topk_prob``), and ``E`` gated experts stored stacked
+    (gate/up ``[E, D, I]``, down ``[E, I, D]``) along the logical ``"expert"`` axis, which the
+    sharding rules map to the ``expert`` mesh axis (expert parallelism).
+
+    Dropless: every token reaches its k experts (no capacity, nothing dropped). The
+    token-expert pairs are sorted by expert and each expert multiplies its contiguous rows
+    (``jax.lax.ragged_dot``), so the FLOPs are those of the k chosen experts only, as in HF's
+    loop over experts. ``replay [B, T, k]``: use these experts instead of the router's choice
+    (routing replay); their weights are the router's probabilities at those experts, normalised
+    as usual.
+    """
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.k, self.e, self.norm_topk = int(cfg.num_experts_per_tok), int(e), bool(cfg.norm_topk_prob)
+        self.dtype, self.act = jnp.dtype(cfg.dtype), cfg.activation
+        self.router = Proj((d,), (e,), ("embed",), ("expert_router",), bias=False, cfg=cfg, rngs=rngs)
+        self.gate = nnx.Param(_normal(rngs, (e, d, f), 0.02, pdt), logical_axes=("expert", "embed", "mlp"))
+        self.up = nnx.Param(_normal(rngs, (e, d, f), 0.02, pdt), logical_axes=("expert", "embed", "mlp"))
+        self.down = nnx.Param(_normal(rngs, (e, f, d), 0.02, pdt), logical_axes=("expert", "mlp", "embed"))
+
+    def __call__(self, x, mask, replay=None):
+        b, t, d = x.shape
+        n, k, dt = b * t, self.k, self.dtype
+        xf = x.reshape(n, d)
+        probs = jax.nn.softmax(self.router(xf).astype(jnp.float32), axis=-1)  # [n, E]
+        top_w, top_i = jax.lax.top_k(probs, k)
+        if replay is None:
+            chosen, w = top_i, top_w
+        else:
+            chosen = jnp.asarray(replay, jnp.int32).reshape(n, k)
+            w = jnp.take_along_axis(probs, chosen, axis=-1)
+        if self.norm_topk:
+            w = w / jnp.sum(w, axis=-1, keepdims=True)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat, stable=True)
+        sizes = jnp.bincount(flat, length=self.e).astype(jnp.int32)
+        xs = jnp.take(xf, order // k, axis=0).astype(dt)
+
+        def rdot(a, wt):
+            return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
+
+        hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
+        y = rdot(hid, self.down[...]).astype(dt) * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
+        y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, d)
+        out = jnp.sum(y.astype(jnp.float32), axis=1).astype(dt).reshape(b, t, d)
+        real = jnp.asarray(mask).reshape(n).astype(jnp.float32)
+        counts = jnp.sum(jax.nn.one_hot(top_i, self.e, dtype=jnp.float32), axis=1) * real[:, None]
+        stats = RouterStats(top_i.reshape(b, t, k), jnp.sum(counts, axis=0),
+                            jnp.sum(probs * real[:, None], axis=0), jnp.sum(real))
+        return out, stats
+
+
+def load_balancing_loss(stats: RouterStats) -> jax.Array:
+    """Switch-Transformer load-balancing loss of a model's stacked :class:`RouterStats`, as HF's
+    ``load_balancing_loss_func`` (transformers 5) computes it over all layers:
+    ``E * sum_e f_e P_e`` with ``f_e`` = assignments to expert ``e`` per real token and ``P_e``
+    its mean router probability, both pooled over layers and real tokens."""
+    rows = jnp.maximum(jnp.sum(stats.tokens), 1.0)
+    f = jnp.sum(stats.counts, axis=0) / rows
+    p = jnp.sum(stats.prob_sum, axis=0) / rows
+    return stats.counts.shape[-1] * jnp.sum(f * p)
+
+
+def router_mismatch(stats: RouterStats, replayed: jax.Array, mask: jax.Array) -> jax.Array:
+    """Fraction of (real token, layer) pairs whose router's own top-k expert set differs from
+    the replayed one. ``replayed [B, T, L, k]`` (the batch layout), ``mask [B, T]``."""
+    own = jnp.sort(jnp.moveaxis(stats.choice, 0, 2), axis=-1)  # [B, T, L, k]
+    rep = jnp.sort(jnp.asarray(replayed, jnp.int32), axis=-1)
+    differ = jnp.any(own != rep, axis=-1).astype(jnp.float32)  # [B, T, L]
+    m = jnp.asarray(mask).astype(jnp.float32)[:, :, None] * jnp.ones_like(differ)
+    return jnp.sum(differ * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
 class Block(nnx.Module):
-    """One pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """One pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with
+    ``cfg.post_norms`` (Gemma) the attention and MLP outputs are normalised too before their
+    residual adds; with ``cfg.num_experts`` the MLP is a :class:`MoE`."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, h, kh, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
@@ -357,15 +473,21 @@ class Block(nnx.Module):
         self.o = Proj((h, dh), (d,), ("heads", "head_dim"), ("embed",), bias=cfg.o_bias, target="o", **p)
         self.q_norm = Norm(dh, cfg) if cfg.qk_norm else None
         self.k_norm = Norm(dh, cfg) if cfg.qk_norm else None
+        self.post_attn_norm = Norm(d, cfg) if cfg.post_norms else None
         self.mlp_norm = Norm(d, cfg)
+        self.post_mlp_norm = Norm(d, cfg) if cfg.post_norms else None
+        self.moe = MoE(cfg, rngs) if cfg.is_moe else None
+        dense = not cfg.is_moe
         self.gate = Proj((d,), (f,), ("embed",), ("mlp",), bias=cfg.mlp_bias, target="gate", **p) \
-            if cfg.gated_mlp else None
-        self.up = Proj((d,), (f,), ("embed",), ("mlp",), bias=cfg.mlp_bias, target="up", **p)
-        self.down = Proj((f,), (d,), ("mlp",), ("embed",), bias=cfg.mlp_bias, target="down", **p)
+            if cfg.gated_mlp and dense else None
+        self.up = Proj((d,), (f,), ("embed",), ("mlp",), bias=cfg.mlp_bias, target="up", **p) if dense else None
+        self.down = Proj((f,), (d,), ("mlp",), ("embed",), bias=cfg.mlp_bias, target="down", **p) if dense else None
         self.act = cfg.activation
         self.rope = cfg.position == "rope"
+        self.attn_scale = None if cfg.query_pre_attn_scalar is None else cfg.attn_scale
+        self.attn_softcap = cfg.attn_softcap
 
-    def __call__(self, x, cos, sin, kv_parts, **attn_kw):
+    def __call__(self, x, cos, sin, kv_parts, moe_mask=None, replay=None, **attn_kw):
         hn = self.attn_norm(x)
         q = constrain(self.q(hn), ("act_batch", "act_seq", "act_heads", None))
         k = constrain(self.k(hn), ("act_batch", "act_seq", "act_kv_heads", None))
@@ -374,13 +496,28 @@ class Block(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = _rotate(q, cos[:, :, None], sin[:, :, None]), _rotate(k, cos[:, :, None], sin[:, :, None])
+        if self.attn_scale is not None:
+            attn_kw["scale"] = self.attn_scale
+        if self.attn_softcap is not None:
+            attn_kw["softcap"] = self.attn_softcap
         a = attention(q, kv_parts(k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)), **attn_kw)
-        x = constrain(x + self.o(a), ("act_batch", "act_seq", "act_embed"))
+        a = self.o(a)
+        if self.post_attn_norm is not None:
+            a = self.post_attn_norm(a)
+        x = constrain(x + a, ("act_batch", "act_seq", "act_embed"))
         hn = self.mlp_norm(x)
+        if self.moe is not None:
+            m, stats = self.moe(hn, moe_mask, replay)
+            if self.post_mlp_norm is not None:
+                m = self.post_mlp_norm(m)
+            return constrain(x + m, ("act_batch", "act_seq", "act_embed")), stats
         u = self.up(hn)
         u = _act(self.act)(self.gate(hn)) * u if self.gate is not None else _act(self.act)(u)
         u = constrain(u, ("act_batch", "act_seq", "act_mlp"))
-        return constrain(x + self.down(u), ("act_batch", "act_seq", "act_embed"))
+        m = self.down(u)
+        if self.post_mlp_norm is not None:
+            m = self.post_mlp_norm(m)
+        return constrain(x + m, ("act_batch", "act_seq", "act_embed"))
 
 
 class Transformer(nnx.Module):
@@ -425,8 +562,13 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, mask=None, positions=None, segment_ids=None, cache: KVCache | None = None,
                  layers: Sequence[Any] | None = None, prefix: SharedPrefix | None = None,
-                 _collect_prefix: bool = False):
+                 _collect_prefix: bool = False, routes: jax.Array | None = None, return_routing: bool = False):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache.
+
+        Mixture of experts: ``routes [B, T, L, k]`` replays these experts instead of the
+        routers' choices (routing replay: the experts the sampler used); ``return_routing=True``
+        returns a third value, the stacked :class:`RouterStats` ``[L, ...]`` (choices, and the
+        load-balancing statistics). A cache records every token's experts (``cache.routes``).
 
         ``prefix``: the rows continue shared prompts (:class:`SharedPrefix`, ``B`` a multiple of
         its ``U`` prompts); the second return value is then ``None``. With ``cache=`` too, the
@@ -472,7 +614,10 @@ class Transformer(nnx.Module):
                 positions = positions_from_mask(mask)
         positions = jnp.asarray(positions, jnp.int32)
         dt = jnp.dtype(cfg.dtype)
-        x = constrain_lookup(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
+        emb = jnp.take(self.embed[...], tokens, axis=0)
+        if cfg.embed_scale:  # Gemma: sqrt(hidden) in the embedding's dtype, as HF
+            emb = emb * jnp.asarray(cfg.hidden_size ** 0.5, emb.dtype)
+        x = constrain_lookup(emb.astype(dt))
         x = constrain(x, ("act_batch", "act_seq", "act_embed"))
         cos = sin = None
         if cfg.position == "learned":
@@ -482,6 +627,11 @@ class Transformer(nnx.Module):
             freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(inv)
             emb = jnp.concatenate([freqs, freqs], axis=-1)
             cos, sin = (jnp.cos(emb) * att).astype(dt), (jnp.sin(emb) * att).astype(dt)
+            local_inv = cfg.local_rope()
+            if local_inv is not None:  # Gemma 3: the sliding-window layers have their own base
+                lf = positions[..., None].astype(jnp.float32) * jnp.asarray(local_inv)
+                lemb = jnp.concatenate([lf, lf], axis=-1)
+                cos, sin = jnp.stack([cos, jnp.cos(lemb).astype(dt)]), jnp.stack([sin, jnp.sin(lemb).astype(dt)])
 
         slots = jnp.arange(t)
         seg = None if segment_ids is None else jnp.asarray(segment_ids)
@@ -505,8 +655,16 @@ class Transformer(nnx.Module):
         if layers is None and cache is not None and isinstance(cache.k, (tuple, list)):
             raise ValueError("a per-layer cache needs layers=unstack_layers(...)")
         windows = cfg.layer_windows()
+        two_ropes = cfg.position == "rope" and cfg.local_rope_theta is not None
+        if routes is not None:
+            if not cfg.is_moe:
+                raise ValueError("routes= (routing replay) needs a mixture-of-experts model (cfg.num_experts > 0)")
+            want = (b, t, cfg.num_layers, cfg.num_experts_per_tok)
+            if tuple(routes.shape) != want:
+                raise ValueError(f"argument 'routes' must have shape [B, T, L, k] = {want}, got {tuple(routes.shape)}")
+        replay_xs = None if routes is None else jnp.moveaxis(jnp.asarray(routes, jnp.int32), 2, 0)  # [L, B, T, k]
 
-        def run_block(block, h, win, layer_k, layer_v, pre_k=None, pre_v=None):
+        def run_block(block, h, win, extra, layer_k, layer_v, pre_k=None, pre_v=None):
             new = []
 
             def kv_parts(k, v):  # k: [B, K, Dh, T], v: [B, K, T, Dh]
@@ -534,15 +692,25 @@ class Transformer(nnx.Module):
                                   cache.valid & (old_slots < cache.index)[None], None),
                                  (k, v, after_prefix(cache.index + slots), mask, None)]
 
-            h = block(h, cos, sin, kv_parts, window=win, **attn_kw)
-            return h, (tuple(new) if cache is not None or _collect_prefix else None)
+            c, sn = cos, sin
+            if two_ropes:  # sliding-window layers take the local rope table
+                if isinstance(win, (int, np.integer)):  # unrolled: chosen in Python
+                    c, sn = (cos[1], sin[1]) if win > 0 else (cos[0], sin[0])
+                else:
+                    c, sn = jnp.where(win > 0, cos[1], cos[0]), jnp.where(win > 0, sin[1], sin[0])
+            stats = None
+            if cfg.is_moe:
+                h, stats = block(h, c, sn, kv_parts, window=win, moe_mask=mask, replay=extra.get("replay"), **attn_kw)
+            else:
+                h = block(h, c, sn, kv_parts, window=win, **attn_kw)
+            return h, ((tuple(new) if cache is not None or _collect_prefix else None), stats)
 
         if layers is None:
             gd, layer_state = nnx.split(self.blocks)
 
             def body(h, xs):
-                st, win, *layer_kv = xs
-                return run_block(nnx.merge(gd, st), h, win, *layer_kv)
+                st, win, extra, *layer_kv = xs
+                return run_block(nnx.merge(gd, st), h, win, extra, *layer_kv)
 
             if cfg.remat != "none":
                 policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -553,20 +721,24 @@ class Transformer(nnx.Module):
                 cache_xs += (prefix.k, prefix.v)
             # The cache enters the scan as per-layer inputs, is only read inside a layer, and
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
-            h, new_kv = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows)) + cache_xs)
+            extra = {} if replay_xs is None else {"replay": replay_xs}
+            h, (new_kv, router) = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows), extra) + cache_xs)
         else:
             if len(layers) != cfg.num_layers:
                 raise ValueError(f"argument 'layers' must hold {cfg.num_layers} layer states, got {len(layers)}")
             gd = nnx.graphdef(self.blocks)
-            h, new_k, new_v = x, [], []
+            h, new_k, new_v, per_stats = x, [], [], []
             for i, st in enumerate(layers):
                 lk, lv = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
                 pk, pv = (prefix.k[i], prefix.v[i]) if prefix is not None else (None, None)
-                h, kv = run_block(nnx.merge(gd, st), h, int(windows[i]), lk, lv, pk, pv)
+                extra = {} if replay_xs is None else {"replay": replay_xs[i]}
+                h, (kv, st_i) = run_block(nnx.merge(gd, st), h, int(windows[i]), extra, lk, lv, pk, pv)
+                per_stats.append(st_i)
                 if kv is not None:
                     new_k.append(kv[0])
                     new_v.append(kv[1])
             new_kv = (new_k, new_v) if cache is not None else None
+            router = jax.tree.map(lambda *xs: jnp.stack(xs), *per_stats) if cfg.is_moe else None
         h = self.final_norm(h)
         new_cache = None
         if _collect_prefix:
@@ -579,8 +751,16 @@ class Transformer(nnx.Module):
                 cv = _write(cache.v, new_kv[1], (0, 0, 0, cache.index, 0))
             else:  # already updated inside the layers
                 ck, cv = tuple(new_kv[0]), tuple(new_kv[1])
+            new_routes = cache.routes
+            if cache.routes is not None and router is not None:
+                new_routes = jax.lax.dynamic_update_slice(
+                    cache.routes, jnp.moveaxis(router.choice, 0, 2).astype(jnp.int32), (0, cache.index, 0, 0))
             new_cache = KVCache(ck, cv, new_valid, cache.index + t,
-                                cache.next_position + jnp.sum(mask, axis=-1).astype(jnp.int32))
+                                cache.next_position + jnp.sum(mask, axis=-1).astype(jnp.int32), new_routes)
+        if return_routing:
+            if router is None:
+                raise ValueError("return_routing=True needs a mixture-of-experts model (cfg.num_experts > 0)")
+            return h, new_cache, router
         return h, new_cache
 
     # ------------------------------------------------------------------ heads
@@ -593,10 +773,18 @@ class Transformer(nnx.Module):
         return self.lm_head.merged_kernel() if self.lm_head.lora_a is not None else self.lm_head.kernel[...]
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """float32 logits ``[..., V]`` of final hidden states (use on few positions only)."""
+        """float32 logits ``[..., V]`` of final hidden states (use on few positions only),
+        soft-capped when ``cfg.final_softcap`` is set."""
         w = self.unembedding()
         dt = jnp.dtype(self.cfg.dtype)
-        return jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+        z = jnp.einsum("...d,dv->...v", hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+        return softcap_logits(z, self.cfg.final_softcap)
+
+    @property
+    def final_softcap(self) -> float | None:
+        """The output logits' soft-cap (Gemma 2), for code that forms logits from
+        :meth:`unembedding` itself (pass it as ``token_logprobs(..., softcap=)``)."""
+        return self.cfg.final_softcap
 
     def scores(self, hidden: jax.Array) -> jax.Array:
         """float32 score-head outputs ``[..., num_labels]`` (value per token, or pool first)."""

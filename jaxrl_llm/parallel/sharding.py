@@ -1,7 +1,9 @@
 """Meshes and logical-axis sharding rules.
 
 Arrays carry *logical* axis names (``"embed"``, ``"heads"``, ``"batch"`` ...); a small rules
-table maps each name to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``).
+table maps each name to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``, and
+``expert`` for the stacked experts of a mixture of experts: a mesh made with
+``axes=("data", "expert")`` splits them over devices).
 Changing the parallelism strategy means changing the table, not the model. A dimension that
 the mesh axes do not divide evenly is replicated rather than failing (e.g. SmolLM2's 9 heads
 on a 2-way tensor axis), and a mesh axis is never used twice in one array.
@@ -55,6 +57,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("mlp", "tensor"),
+    ("expert", "expert"),  # stacked experts of a mixture of experts: expert parallelism
+    ("expert_router", None),
     ("layers", None),
     ("lora_rank", None),
     ("labels", None),

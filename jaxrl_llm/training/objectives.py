@@ -39,7 +39,7 @@ def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperatu
                                       with_entropy=with_entropy)
     hidden, _ = model(batch["tokens"], batch["mask"])
     return token_logprobs(hidden[:, :-1], model.unembedding(), batch["tokens"][:, 1:], chunk_size=chunk_size,
-                          temperature=temperature, with_entropy=with_entropy)
+                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap)
 
 
 @dataclasses.dataclass(frozen=True)

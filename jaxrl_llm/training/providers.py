@@ -32,6 +32,7 @@ from jaxrl_llm.algorithms.estimators import PROVIDED_INPUTS
 from jaxrl_llm.algorithms.allocation import GVM_SLOT
 from jaxrl_llm.algorithms.selection import SPO_SLOT, spo_estimates
 from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
+from jaxrl_llm.models.transformer import softcap_logits
 from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.objectives import critic_values, policy_logprobs
 from jaxrl_llm.training.prompt_store import STORE_INPUTS
@@ -159,7 +160,8 @@ def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tok
     hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(n, (length + pad) // c, c, d).swapaxes(0, 1)
 
     def one(hc):
-        logits = jnp.einsum("bcd,dv->bcv", hc.astype(jnp.float32), w.astype(jnp.float32))
+        logits = softcap_logits(jnp.einsum("bcd,dv->bcv", hc.astype(jnp.float32), w.astype(jnp.float32)),
+                                model.final_softcap)
         return sum_pi_squared_from_logits(logits, temperature)
 
     out = jax.lax.map(one, hp).swapaxes(0, 1).reshape(n, length + pad)
@@ -177,12 +179,16 @@ def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask):
     model = nnx.merge(graphdef, params, *others)
     hidden, _ = model(tokens, mask)
     w = model.unembedding().astype(jnp.float32)
+    cap = model.final_softcap
 
     def one(args):
         h, y, m = args
         h = h.astype(jnp.float32)
-        p = jax.nn.softmax(h @ w, axis=-1)
+        z = h @ w
+        p = jax.nn.softmax(softcap_logits(z, cap), axis=-1)
         e = (jax.nn.one_hot(y, w.shape[1], dtype=jnp.float32) - p) * m[:, None]
+        if cap is not None:  # through the soft-cap: d(c tanh(z / c)) / dz = 1 - tanh^2
+            e = e * (1.0 - jnp.square(jnp.tanh(z / cap)))
         return jnp.sqrt(jnp.sum((h.T @ e) ** 2))
 
     out = jax.lax.map(one, (hidden[:, :-1], tokens[:, 1:], loss_mask.astype(jnp.float32)))

@@ -46,6 +46,21 @@ ARCHS = {
     "qwen3": dict(model_type="qwen3", vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
                   num_key_value_heads=K, head_dim=DH, intermediate_size=F, max_position_embeddings=64),
     "gpt2": dict(model_type="gpt2", vocab_size=V, n_embd=D, n_layer=L, n_head=H, n_inner=F, n_positions=64),
+    # Gemma 2: sliding / global layers, soft-capped attention and logits, query_pre_attn_scalar
+    "gemma2": dict(model_type="gemma2", vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                   num_key_value_heads=K, head_dim=DH, intermediate_size=F, sliding_window=3, query_pre_attn_scalar=12,
+                   attn_logit_softcapping=3.0, final_logit_softcapping=5.0, max_position_embeddings=64),
+    # Gemma 3 (text): QK-norm, local rope base 1e4, global 1e6 with linear scaling
+    "gemma3": dict(model_type="gemma3_text", vocab_size=V, hidden_size=D, num_hidden_layers=L,
+                   num_attention_heads=H, num_key_value_heads=K, head_dim=DH, intermediate_size=F, sliding_window=3,
+                   query_pre_attn_scalar=12, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                   max_position_embeddings=64),
+    # Qwen3-MoE: 8 experts, top-2, renormalised weights
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                      num_key_value_heads=K, head_dim=DH, intermediate_size=F, moe_intermediate_size=24, num_experts=8,
+                      num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=64),
 }
 
 

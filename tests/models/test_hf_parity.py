@@ -45,7 +45,7 @@ def test_export_reloads_in_transformers_with_same_logits(arch_dir, tmp_path):
     assert err <= TOL, f"{arch}: export changed logits by {err:.2e}"
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "qwen3_moe"])
 def test_lora_export_folds_adapters(arch, tmp_path):
     """Non-zero adapters: the merged export computes what our LoRA model computes."""
     import jax
@@ -55,7 +55,8 @@ def test_lora_export_folds_adapters(arch, tmp_path):
     from jaxrl_llm.models.transformer import LoRAParam
 
     path = save_hf_model(make_hf_model(arch), tmp_path / "base")
-    lora = LoRAConfig(rank=3, alpha=6.0, targets=("q", "v", "o", "up", "down"))
+    targets = ("q", "k", "v", "o") if arch == "qwen3_moe" else ("q", "v", "o", "up", "down")  # experts: no LoRA
+    lora = LoRAConfig(rank=3, alpha=6.0, targets=targets)
     model = load_hf(path, lora=lora)
     gd, adapters, rest = nnx.split(model, LoRAParam, ...)
     keys = iter(jax.random.split(jax.random.key(0), 64))
@@ -114,3 +115,10 @@ def test_export_writes_shards_with_index(tmp_path):
     tokens, mask = padded_batch(6)
     np.testing.assert_allclose(ours_logits(load_hf(out), tokens, mask)[mask],
                                ours_logits(load_hf(path), tokens, mask)[mask], atol=1e-6)
+
+
+def test_lora_on_experts_is_refused():
+    from jaxrl_llm.models import preset
+
+    with pytest.raises(ValueError, match="experts"):
+        preset("tiny-moe", lora=LoRAConfig(targets=("q", "up")))

@@ -19,7 +19,8 @@ def tiny_cfg(arch):
     return from_hf_config(AutoConfig.for_model(kw.pop("model_type"), **kw))
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2-sliding-yarn", "qwen3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2-sliding-yarn", "qwen3", "gpt2", "gemma2", "gemma3",
+                                  "qwen3_moe"])
 @pytest.mark.parametrize("prefill", [1, 4])
 def test_incremental_decoding_equals_full_forward(arch, prefill):
     cfg = tiny_cfg(arch)

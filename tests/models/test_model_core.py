@@ -95,20 +95,26 @@ def test_bf16_compute_and_params_stay_close_to_f32():
         assert float(jnp.abs(lg - l32).max()) < 0.05 * float(jnp.abs(l32).max()) + 0.05
 
 
-@pytest.mark.parametrize("chunk,temp", [(3, 1.0), (8, 0.7), (64, 1.3)])
-def test_chunked_logprobs_equal_dense(chunk, temp):
+@pytest.mark.parametrize("chunk,temp,cap", [(3, 1.0, None), (8, 0.7, None), (64, 1.3, None), (3, 0.7, 2.5),
+                                            (8, 1.0, 30.0)])
+def test_chunked_logprobs_equal_dense(chunk, temp, cap):
+    """Values and gradients (the hand-written backward pass) against autodiff through dense
+    logits; ``cap``: Gemma 2's final-logit soft-cap c tanh(z / c) (2.5: most logits capped)."""
     rng = np.random.default_rng(4)
     h = jnp.asarray(rng.normal(size=(2, 7, 16)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(16, 29)), jnp.float32)
     y = jnp.asarray(rng.integers(0, 29, (2, 7)), jnp.int32)
 
     def dense(h, w):
-        z = jax.nn.log_softmax((h @ w) / temp, -1)
+        z = h @ w
+        if cap is not None:
+            z = cap * jnp.tanh(z / cap)
+        z = jax.nn.log_softmax(z / temp, -1)
         p = jnp.exp(z)
         return jnp.take_along_axis(z, y[..., None], -1)[..., 0], -jnp.sum(p * z, -1)
 
     def chunked(h, w):
-        return token_logprobs(h, w, y, chunk_size=chunk, temperature=temp)
+        return token_logprobs(h, w, y, chunk_size=chunk, temperature=temp, softcap=cap)
 
     for a, b in zip(dense(h, w), chunked(h, w)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)

@@ -37,8 +37,8 @@ def hf_greedy(hf, prompts, new, eos):
     return res
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("arch,unroll", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True),
+                                         ("gemma2", False), ("gemma3", True), ("qwen3_moe", False)])
 def test_greedy_equals_transformers_generate(arch, unroll, tmp_path):
     hf = make_hf_model(arch, seed=3)
     model = load_hf(save_hf_model(hf, tmp_path / arch))
