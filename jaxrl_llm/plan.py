@@ -421,7 +421,7 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     from jaxrl_llm.training.runner import rl_recipe, shared_prefix_plan
 
     rec = rl_recipe(cfg)
-    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.data * cfg.mesh.fsdp)  # the update the run compiles
+    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways)  # the update the run compiles
     rec = dataclasses.replace(rec, objective=dataclasses.replace(
         rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0))
     ro = cfg.rollout

@@ -50,7 +50,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated)
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
@@ -67,7 +67,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("seq", None),
     ("cache_seq", None),
     # activations
-    ("act_batch", ("data", "fsdp")),
+    ("act_batch", ("data", "fsdp", "expert")),
     ("act_seq", None),
     ("act_embed", None),
     ("act_heads", "tensor"),

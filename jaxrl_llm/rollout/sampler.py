@@ -38,6 +38,9 @@ class Rollout(NamedTuple):
     lengths: jax.Array  # [N] int32 number of generated tokens
     stopped: jax.Array  # [N] bool: finish reason is a stop token (False: max_new_tokens)
     prompt_index: jax.Array  # [N] int32 prompt of each row (the group id)
+    # mixture of experts: [N, P + T, L, k] int32 experts of every token (prompt, left-padded to
+    # the bucket P, then completion), for routing replay in the update; None for dense models
+    routes: Any = None
 
 
 class _Loop(NamedTuple):
@@ -54,6 +57,8 @@ def _repeat_rows(cache, g: int):
     if g == 1:
         return cache
     rep = lambda x, axis: jnp.repeat(x, g, axis=axis)  # noqa: E731
+    if cache.routes is not None:
+        cache = cache._replace(routes=rep(cache.routes, 0))
     if isinstance(cache.k, tuple):  # per layer: [B, K, Dh, S] / [B, K, S, Dh] each
         return cache._replace(k=tuple(rep(c, 0) for c in cache.k), v=tuple(rep(c, 0) for c in cache.v),
                               valid=rep(cache.valid, 0), next_position=rep(cache.next_position, 0))
@@ -65,6 +70,8 @@ def _take_rows(cache, rows: jax.Array):
     """The cache rows ``rows`` (``[N]`` indices into the prompts): a prompt's prefill shared by
     the rows that continue it, however many each prompt has."""
     take = lambda x, axis: jnp.take(x, rows, axis=axis)  # noqa: E731
+    if cache.routes is not None:
+        cache = cache._replace(routes=take(cache.routes, 0))
     if isinstance(cache.k, tuple):
         return cache._replace(k=tuple(take(c, 0) for c in cache.k), v=tuple(take(c, 0) for c in cache.v),
                               valid=take(cache.valid, 0), next_position=take(cache.next_position, 0))
@@ -130,7 +137,7 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
         cache = _take_rows(cache, row_prompt)
     out = decode(model, layers, logits, cache, jnp.zeros((n,), bool), key, config)
     lengths = jnp.sum(out.mask, axis=-1).astype(jnp.int32)
-    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt)
+    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt, out.cache.routes)
 
 
 def _constrain_kv(kv):
@@ -308,4 +315,5 @@ class Sampler:
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
                                unroll_layers=self._unroll(params, *others), **kw)
         n = b * self.config.num_samples
-        return Rollout(*(x[:n] for x in gather(out)))  # gather: every process gets every row (multi-host)
+        # gather: every process gets every row (multi-host)
+        return Rollout(*(None if x is None else x[:n] for x in gather(out)))

@@ -27,7 +27,8 @@ class ModelSpec:
     ``source``: ``"smollm2"`` (the embedded SmolLM2-135M-Instruct), ``"hf:<dir>"`` (an HF
     model directory: config, safetensors, tokenizer), ``"gguf:<file>"``, or ``"tiny"`` (a
     random Llama-style model of ``hidden_size`` / ``num_layers`` over the 95-character
-    tokenizer, for tests and the tiny preset). ``preset``: a
+    tokenizer, for tests and the tiny preset), ``"tiny-moe"`` (the same with a mixture of 8
+    experts, top-2, in every layer). ``preset``: a
     :data:`jaxrl_llm.models.PRESETS` name giving the shapes when the weights are not on this
     machine (used by :func:`check_rl`). ``lora_rank > 0`` trains LoRA adapters only
     (``lora_alpha = 0`` means ``2 * rank``). ``offload_reference``: keep the frozen reference
@@ -257,6 +258,14 @@ class TrainSpec:
     mini-batches, an error where it cannot be; ``false``: off (each row encodes its own prompt)."""
 
     shared_prefix: bool | None = None
+    #: mixture of experts: compute every log-prob pass of the update with the experts the sampler
+    #: routed each token to (recorded at rollout; Rollout Routing Replay, arXiv 2510.11370); false:
+    #: the trainer's routers choose. Either way ``moe/router_mismatch`` logs the fraction of
+    #: (token, layer) pairs whose trainer-side router picks another expert set than the sampler's
+    routing_replay: bool = False
+    #: mixture of experts: weight of the load-balancing loss in the policy loss (HF's
+    #: ``router_aux_loss_coef``; logged as ``moe/load_balancing_loss`` whatever the weight)
+    router_aux_coef: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,12 +289,30 @@ class SFTSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """Device mesh ``(data, fsdp, tensor)``; the product must equal the device count
-    (``1, 1, 1``: one device, no sharding)."""
+    """Device mesh ``(data, fsdp, tensor)``, plus ``expert`` for a mixture of experts (its
+    stacked experts split over that axis; the batch is split over ``data``, ``fsdp`` and
+    ``expert``); the product must equal the device count (all 1: one device, no sharding)."""
 
     data: int = 1
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp * self.tensor * self.expert
+
+    @property
+    def batch_ways(self) -> int:
+        """Ways the batch is split: ``data * fsdp * expert``."""
+        return self.data * self.fsdp * self.expert
+
+    def shape_axes(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """``(shape, axis names)`` for :func:`jaxrl_llm.parallel.make_mesh` (no ``expert`` axis
+        unless it is > 1: the same mesh as before for dense runs)."""
+        if self.expert > 1:
+            return (self.data, self.fsdp, self.tensor, self.expert), ("data", "fsdp", "tensor", "expert")
+        return (self.data, self.fsdp, self.tensor), ("data", "fsdp", "tensor")
 
 
 @dataclasses.dataclass(frozen=True)

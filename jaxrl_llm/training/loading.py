@@ -20,15 +20,26 @@ def lora_config(spec: ModelSpec):
                       targets=tuple(spec.lora_targets))
 
 
+TINY_SOURCES = ("tiny", "tiny-moe")
+
+
 def tiny_config(spec: ModelSpec, vocab: int):
+    """The tiny random model of ``spec``: Llama-style (``"tiny"``), or (``"tiny-moe"``) a
+    Qwen3-MoE-style mixture of 8 experts of width ``hidden_size``, top-2 with renormalised
+    weights, in every layer."""
     from jaxrl_llm.models import ModelConfig
 
     h = spec.hidden_size
     if h % 16:
         raise ValueError(f"model.hidden_size must be a multiple of 16 for the tiny model, got {h}")
+    moe = {}
+    if spec.source == "tiny-moe":
+        moe = dict(family="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=h,
+                   norm_topk_prob=True)
     return ModelConfig(vocab_size=vocab, hidden_size=h, num_layers=spec.num_layers, num_heads=4, num_kv_heads=2,
                        head_dim=h // 4, intermediate_size=4 * h, tie_embeddings=True, max_position_embeddings=512,
-                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec))
+                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec),
+                       **moe)
 
 
 def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
@@ -48,7 +59,7 @@ def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
         if not path.is_dir():
             raise FileNotFoundError(f"model.source: HF model directory {path} does not exist")
         return load_hf(path, mesh=mesh, seed=seed, **over), load_tokenizer(path)
-    if src == "tiny":
+    if src in TINY_SOURCES:
         from jaxrl_llm.data.char_tokenizer import char_tokenizer
 
         tok = char_tokenizer()
@@ -67,7 +78,7 @@ def model_config(spec: ModelSpec, *, vocab_size: int = 95):
     from jaxrl_llm.models import PRESETS
 
     over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec))
-    if spec.source == "tiny":
+    if spec.source in TINY_SOURCES:
         return tiny_config(spec, vocab_size)
     if spec.preset:
         if spec.preset not in PRESETS:
@@ -98,7 +109,7 @@ def model_config(spec: ModelSpec, *, vocab_size: int = 95):
 
 
 def _bad_source(src: str) -> str:
-    kinds = "'smollm2', 'tiny', 'hf:<dir>' or 'gguf:<file>'"
+    kinds = "'smollm2', 'tiny', 'tiny-moe', 'hf:<dir>' or 'gguf:<file>'"
     if "/" in src or src.endswith(".gguf") or src.startswith("."):
         p = Path(src)
         if not p.exists():

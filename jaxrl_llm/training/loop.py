@@ -407,14 +407,31 @@ class RLTrainer(HostLoop):
 
     # ------------------------------------------------------------------ helpers for phases and providers
 
-    def logp(self, params, others, tokens, mask, prompt_len: int | None = None) -> np.ndarray:
+    def _merged_routes(self, rounds, cat):
+        """The rounds' sampler routes (mixture of experts) for the train batch, when the update
+        replays them (``train.routing_replay``); None otherwise."""
+        obj = self.recipe.objective
+        if not (obj.routing_replay or obj.router_mismatch):
+            return None
+        if any(r.t_roll is not r.roll or getattr(r.t_roll, "routes", None) is None for r in rounds):
+            raise RuntimeError("a mixture of experts' update reads the sampler's expert routes, but a rollout came back "
+                               "without them (a transformed rollout: hints, replay; or a sampler that does not record "
+                               "them)")
+        return cat(lambda x: x.t_roll.routes)
+
+    def logp(self, params, others, tokens, mask, prompt_len: int | None = None, routes=None) -> np.ndarray:
         """``[N, L - 1]`` teacher-forced log-probs of ``params`` at the sampling temperature.
 
         With ``shared_prefix`` and the batch's ``prompt_len``, each prompt group is encoded once
         when its rows are consecutive and share the prompt (checked here); only the completion
-        targets then hold log-probs (0 over the prompt's own)."""
+        targets then hold log-probs (0 over the prompt's own). ``routes``: the sampler's experts
+        (mixture of experts), replayed when the objective replays routing."""
         obj = self.recipe.objective
         kw = {}
+        if obj.routing_replay:
+            if routes is None:
+                raise ValueError("train.routing_replay: this log-prob pass has no routes to replay")
+            kw["routes"] = routes
         if self.shared_prefix is not None and prompt_len:
             r = block_rows(self.recipe.num_samples, tokens.shape[0], self.shared_prefix.batch_ways)
             if r > 1 and not check_blocks(tokens, mask, prompt_len, r):
@@ -873,7 +890,8 @@ class RLTrainer(HostLoop):
 
         merged = Rollout(*(cat(lambda x, f=f: getattr(x.t_roll, f)) for f in ("tokens", "mask", "logprobs", "lengths",
                                                                                "stopped")),
-                         np.concatenate([np.full(len(ix), j, np.int32) for j, ix in enumerate(rows)]))
+                         np.concatenate([np.full(len(ix), j, np.int32) for j, ix in enumerate(rows)]),
+                         self._merged_routes(rounds, cat))
         prompt_ids = [rounds[r].t_batch.prompt_ids[i] for r, i in groups]
         prompt_len = bucket(max(len(p) for p in prompt_ids), self.sampler.length_buckets)
         arrays = build_rl_batch(prompt_ids, merged, prompt_len, self.sampler.config.pad_token_id)
@@ -894,7 +912,8 @@ class RLTrainer(HostLoop):
         if rec.recompute_old_logp:
             if "rollout_logp" in rec.requires or self.staleness or self.sampler_cast:
                 arrays["rollout_logp"] = arrays["old_logp"]
-            lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"], prompt_len)
+            lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"], prompt_len,
+                           routes=arrays.get("routes"))
             arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
         self._behaviour_metrics(step, arrays["loss_mask"] & valid[:, None])
         for name in sorted(rec.requires - set(INTRINSIC)):

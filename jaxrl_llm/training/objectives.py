@@ -19,27 +19,52 @@ from jaxrl_llm.core import aggregation, kl as kl_mod, stats
 from jaxrl_llm.core.turns import spa_progress_loss
 from jaxrl_llm.core.value import clipped_value_loss
 from jaxrl_llm.models.logprobs import shared_prefix_logprobs, token_logprobs
+from jaxrl_llm.models.transformer import load_balancing_loss, router_mismatch
 
 __all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs",
            "critic_values", "turn_contributions"]
 
 
 def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
-                    with_entropy: bool = False, rows_per_prompt: int = 0) -> tuple[jax.Array, jax.Array | None]:
+                    with_entropy: bool = False, rows_per_prompt: int = 0, routing_replay: bool = False
+                    ) -> tuple[jax.Array, jax.Array | None]:
     """Teacher-forced ``[B, L - 1]`` log-probs (and entropies) of ``tokens[:, 1:]``.
 
     ``rows_per_prompt > 0``: blocks of that many consecutive rows share their prompt, whose
     mask the batch holds as ``prefix_mask [B, P]`` (its width is the prompt length); each prompt
     is encoded once (:func:`jaxrl_llm.models.logprobs.shared_prefix_logprobs`) and only the
     completion targets get log-probs (0 over the prompt's own targets).
+
+    ``routing_replay``: a mixture of experts computes with the batch's ``routes [B, L, layers,
+    k]`` (the sampler's experts) instead of its routers' choices.
     """
+    return _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_per_prompt, routing_replay,
+                           False)[:2]
+
+
+def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_per_prompt, routing_replay,
+                    want_router):
+    """``(logp, entropy, router stats or None)``; the stats when ``want_router`` (a mixture of
+    experts)."""
+    if routing_replay and rows_per_prompt:
+        raise ValueError("routing replay (train.routing_replay) cannot be combined with shared prompts "
+                         "(train.shared_prefix)")
     if rows_per_prompt:
         return shared_prefix_logprobs(model, batch["tokens"], batch["mask"], batch["prefix_mask"].shape[1],
                                       rows_per_prompt, chunk_size=chunk_size, temperature=temperature,
-                                      with_entropy=with_entropy)
-    hidden, _ = model(batch["tokens"], batch["mask"])
+                                      with_entropy=with_entropy) + (None,)
+    kw = {}
+    if routing_replay:
+        if "routes" not in batch:
+            raise ValueError("routing replay: the batch has no 'routes' (the sampler's experts)")
+        kw["routes"] = batch["routes"]
+    router = None
+    if want_router:
+        hidden, _, router = model(batch["tokens"], batch["mask"], return_routing=True, **kw)
+    else:
+        hidden, _ = model(batch["tokens"], batch["mask"], **kw)
     return token_logprobs(hidden[:, :-1], model.unembedding(), batch["tokens"][:, 1:], chunk_size=chunk_size,
-                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap)
+                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap) + (router,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +107,15 @@ class PolicyObjective:
         the log-probs of every row first (forward only), the loss and its gradient with respect
         to them on the whole batch, then per micro-batch the gradient-equivalent linear term
         ``sum(coef * logp)``. Exact for any micro-batch split; costs one extra forward pass.
+      routing_replay: a mixture of experts computes every log-prob pass of the update with the
+        sampler's experts (the batch's ``routes``, recorded at rollout) instead of its routers'
+        current choices (Rollout Routing Replay, arXiv 2510.11370).
+      router_mismatch: log ``moe/router_mismatch`` (needs the batch's ``routes``; always with
+        ``routing_replay``): the fraction of (real token, layer) pairs whose router, in this
+        forward pass, picks another expert set than the sampler did.
+      router_aux_coef: weight of the load-balancing loss
+        (:func:`jaxrl_llm.models.transformer.load_balancing_loss`, HF's ``router_aux_loss_coef``)
+        added to the loss of a mixture of experts (logged as ``moe/load_balancing_loss`` either way).
       rows_per_prompt: Prefix Grouper (``train.shared_prefix``): blocks of this many consecutive
         rows of every (micro-)batch share their prompt (mask in ``prefix_mask [B, P]``), encoded
         once per block in every log-prob pass; 0: each row encodes its own prompt. The same
@@ -104,8 +138,13 @@ class PolicyObjective:
     loss_inputs: tuple[str, ...] = ()
     coupled: bool = False
     rows_per_prompt: int = 0
+    routing_replay: bool = False
+    router_mismatch: bool = False
+    router_aux_coef: float = 0.0
 
     def __post_init__(self):
+        if not self.router_aux_coef >= 0:
+            raise ValueError(f"PolicyObjective.router_aux_coef must be >= 0, got {self.router_aux_coef!r}")
         if not (isinstance(self.rows_per_prompt, int) and self.rows_per_prompt >= 0):
             raise ValueError(f"PolicyObjective.rows_per_prompt must be an int >= 0, got {self.rows_per_prompt!r}")
         if self.agg_mode not in aggregation.AGG_MODES:
@@ -132,6 +171,7 @@ class PolicyObjective:
         keys += ("kl_coef",) if self.kl_coef_from_batch else ()
         keys += tuple(k for k in self.loss_inputs if k not in keys)
         keys += ("prefix_mask",) if self.rows_per_prompt else ()
+        keys += ("routes",) if self.routing_replay or self.router_mismatch else ()
         return keys + (("is_weights",) if self.use_is_weights else ())
 
     def _loss_kwargs(self, batch: dict, key: jax.Array | None) -> dict:
@@ -147,7 +187,7 @@ class PolicyObjective:
     def forward_logp(self, model: Any, batch: dict) -> jax.Array:
         """``[B, L - 1]`` log-probs of the batch's tokens (the coupled surrogate's first pass)."""
         logp, _ = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature,
-                                  rows_per_prompt=self.rows_per_prompt)
+                                  rows_per_prompt=self.rows_per_prompt, routing_replay=self.routing_replay)
         return jax.lax.stop_gradient(logp)
 
     def coupled_context(self, logp: jax.Array, batch: dict, key: jax.Array) -> tuple[dict, dict]:
@@ -176,8 +216,9 @@ class PolicyObjective:
 
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
         m = batch["loss_mask"]
-        logp, ent = policy_logprobs(model, batch, chunk_size=self.chunk_size, temperature=self.temperature,
-                                    with_entropy=self.entropy_coef != 0.0, rows_per_prompt=self.rows_per_prompt)
+        moe = bool(getattr(getattr(model, "cfg", None), "is_moe", False)) and not self.rows_per_prompt
+        logp, ent, router = _policy_forward(model, batch, self.chunk_size, self.temperature, self.entropy_coef != 0.0,
+                                            self.rows_per_prompt, self.routing_replay, moe)
         if self.coupled:
             # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
             # the first pass): value = the batch's loss, gradient = sum(coef * d logp)
@@ -203,6 +244,13 @@ class PolicyObjective:
             metrics["policy/entropy"] = stats.masked_mean(ent, m)
         metrics["policy/logp_mean"] = stats.masked_mean(jax.lax.stop_gradient(logp), m)
         s, _ = aggregation.aggregate_sum_weight(total, m, self.agg_mode, self.horizon)
+        if router is not None:
+            lb = load_balancing_loss(router)
+            metrics["moe/load_balancing_loss"] = jax.lax.stop_gradient(lb)
+            if self.router_aux_coef:  # a per-(micro-)batch scalar, weighted like the batch's share of the loss
+                s = s + self.router_aux_coef * lb * jax.lax.stop_gradient(self.weight(batch))
+            if self.routing_replay or self.router_mismatch:
+                metrics["moe/router_mismatch"] = router_mismatch(router, batch["routes"], batch["mask"])
         return (s + coupled if self.coupled else s), metrics
 
 

@@ -120,11 +120,13 @@ def provider(name: str) -> Callable:
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames=("prompt_len", "rows_per_prompt"))
 def policy_logp(graphdef, chunk_size, temperature, from_host, params, others, tokens, mask, *, prompt_len=0,
-                rows_per_prompt=0):
+                rows_per_prompt=0, routes=None):
     """``[N, L - 1]`` teacher-forced log-probs of ``tokens[:, 1:]`` at ``temperature``.
 
     ``rows_per_prompt > 0``: blocks of that many rows share their first ``prompt_len`` columns,
-    encoded once per block; only the completion targets get log-probs (0 before them)."""
+    encoded once per block; only the completion targets get log-probs (0 before them).
+    ``routes [N, L, layers, k]``: a mixture of experts computes with these experts (routing
+    replay)."""
     from flax import nnx
 
     if from_host:  # a reference policy kept in host memory (model.offload_reference): HBM only for this pass
@@ -132,8 +134,11 @@ def policy_logp(graphdef, chunk_size, temperature, from_host, params, others, to
     batch = {"tokens": tokens, "mask": mask}
     if rows_per_prompt:
         batch["prefix_mask"] = mask[:, :prompt_len]
+    if routes is not None:
+        batch["routes"] = routes
     logp, _ = policy_logprobs(nnx.merge(graphdef, params, *others), batch, chunk_size=chunk_size,
-                              temperature=temperature, rows_per_prompt=rows_per_prompt)
+                              temperature=temperature, rows_per_prompt=rows_per_prompt,
+                              routing_replay=routes is not None)
     return logp
 
 
@@ -219,7 +224,7 @@ def _ref_logp(tr, step: StepBatch) -> None:
     """Log-probs of the frozen reference policy (a KL term in the loss or the reward)."""
     a = step.arrays
     step.arrays["ref_logp"] = _target(step, tr.logp(tr.ref_params, tr.frozen, a["tokens"], a["mask"],
-                                                    prompt_len=step.prompt_len))
+                                                    prompt_len=step.prompt_len, routes=a.get("routes")))
 
 
 @provider("gvm_stats")
@@ -297,7 +302,8 @@ def _old_entropy(tr, step: StepBatch) -> None:
 def _aux_logp(tr, step: StepBatch) -> None:
     """Log-probs of the sampled tokens under the auxiliary policy (``model.aux_params``)."""
     a = step.arrays
-    step.arrays["aux_logp"] = _target(step, tr.logp(tr.aux_params, tr.frozen, a["tokens"], a["mask"]))
+    step.arrays["aux_logp"] = _target(step, tr.logp(tr.aux_params, tr.frozen, a["tokens"], a["mask"],
+                                                    routes=a.get("routes")))
 
 
 def _mc_values(tr, step: StepBatch) -> None:

@@ -127,7 +127,7 @@ def build_rl_batch(prompt_ids: Sequence[Sequence[int]], rollout: Any, prompt_len
             raise ValueError(f"prompt {g} has {len(p)} tokens > prompt_len={prompt_len}")
         prompts[i, prompt_len - len(p):] = p
         pmask[i, prompt_len - len(p):] = True
-    return {
+    out = {
         "tokens": np.concatenate([prompts, toks.astype(np.int32)], axis=1),
         "mask": np.concatenate([pmask, cmask], axis=1),
         "loss_mask": to_target_aligned(cmask, prompt_len),
@@ -135,6 +135,26 @@ def build_rl_batch(prompt_ids: Sequence[Sequence[int]], rollout: Any, prompt_len
         "completion_mask": cmask,
         "group_ids": group,
     }
+    routes = getattr(rollout, "routes", None)
+    if routes is not None:  # the sampler's experts, laid out like the tokens (prompts right-aligned)
+        out["routes"] = align_routes(np.asarray(routes), t, prompt_len)
+    return out
+
+
+def align_routes(routes: np.ndarray, completion_len: int, prompt_len: int) -> np.ndarray:
+    """``[N, P_s + T, L, k]`` sampler routes (prompts left-padded to the sampler's bucket
+    ``P_s``) to the train batch's ``[N, prompt_len + T, L, k]``: the prompts' real tokens are the
+    last columns of both, so the prompt part is right-aligned (padding positions get expert
+    routes of no consequence: they are masked out of attention and the loss)."""
+    n, total = routes.shape[:2]
+    p_s = total - completion_len
+    if p_s < 0:
+        raise ValueError(f"routes cover {total} positions, fewer than the {completion_len} completion tokens")
+    prompt = routes[:, max(p_s - prompt_len, 0):p_s]
+    if prompt.shape[1] < prompt_len:
+        pad = np.zeros((n, prompt_len - prompt.shape[1]) + routes.shape[2:], routes.dtype)
+        prompt = np.concatenate([pad, prompt], axis=1)
+    return np.concatenate([prompt, routes[:, p_s:]], axis=1).astype(np.int32)
 
 
 def outcome_token_rewards(scores: jax.Array, completion_mask: jax.Array) -> jax.Array:

@@ -103,15 +103,19 @@ def rl_recipe(cfg: RLRunConfig) -> RLRecipe:
     return build_recipe(cfg.recipe, num_samples=ro.num_samples, temperature=ro.temperature)
 
 
-def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1):
+def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe_routes: bool = False):
     """``(plan, why)``: the run's Prefix Grouper layout (``train.shared_prefix``,
     :func:`jaxrl_llm.training.prefix.plan_shared_prefix`), or ``None`` and the reason it is off.
-    ``train.shared_prefix=true`` where it cannot hold is a :class:`ConfigError`."""
+    ``train.shared_prefix=true`` where it cannot hold is a :class:`ConfigError`. ``moe_routes``:
+    the update reads the sampler's expert routes (:func:`moe_routes`), which each row's own
+    forward pass replays or compares: off unless asked for."""
     from jaxrl_llm.training.prefix import plan_shared_prefix
 
     want = cfg.train.shared_prefix
     if want is False:
         return None, "train.shared_prefix=false"
+    if (cfg.train.routing_replay or moe_routes) and want is None:
+        return None, "a mixture of experts: each row's own forward pass replays or compares the sampler's routes"
     clash = [k for k, part in (("recipe.allocator", rec.allocator), ("recipe.batch_filter", rec.batch_filter),
                                ("recipe.hints", rec.hints)) if part is not None]
     ppm = cfg.rollout.prompts_per_step * max(1, len(cfg.data.budgets))  # prompt groups per step
@@ -220,21 +224,58 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
             raise ConfigError(str(e).replace("optim.", f"{key}.")) from None
 
 
+def moe_routes(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> tuple[bool, str]:
+    """``(available, why not)``: whether every trained row of a mixture of experts comes with
+    the sampler's expert routes (replayed with ``train.routing_replay``, compared to the
+    trainer's routing otherwise: ``moe/router_mismatch``)."""
+    if not model_cfg.is_moe:
+        return False, "not a mixture of experts"
+    ro = cfg.rollout
+    why = ("rollout.shared_prompt_kv=true (the prompts' routes are not recorded)" if ro.shared_prompt_kv else
+           "rollout.tree_segment (TreePO)" if ro.tree_segment is not None else
+           "train.shared_prefix=true" if cfg.train.shared_prefix else
+           "recipe.replay (stored responses have no routes)" if rec.replay is not None else
+           "recipe.hints (re-sampled rows)" if rec.hints is not None else "")
+    return not why, why
+
+
+def _check_moe(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
+    """``train.routing_replay`` / ``train.router_aux_coef`` need a mixture of experts, and replay
+    needs the sampler's routes of every trained row."""
+    t = cfg.train
+    if not (t.router_aux_coef >= 0):
+        raise ConfigError(f"train.router_aux_coef must be >= 0, got {t.router_aux_coef!r}")
+    if (t.routing_replay or t.router_aux_coef) and not model_cfg.is_moe:
+        raise ConfigError(f"train.routing_replay / train.router_aux_coef apply to a mixture of experts; the model "
+                          f"({model_cfg.family}) has none")
+    if not t.routing_replay:
+        return
+    ok, why = moe_routes(cfg, rec, model_cfg)
+    if not ok:
+        raise ConfigError(f"train.routing_replay=true needs the sampler's routes of every trained row; it cannot be "
+                          f"combined with {why}")
+
+
 def _check_mesh(cfg: RLRunConfig, rec: RLRecipe, model_cfg, n_devices: int) -> None:
     m = cfg.mesh
-    n = m.data * m.fsdp * m.tensor
+    n = m.devices
     if n != n_devices:
-        raise ConfigError(f"mesh: data*fsdp*tensor = {m.data}*{m.fsdp}*{m.tensor} = {n} must equal the number of "
-                          f"devices ({n_devices})")
+        raise ConfigError(f"mesh: data*fsdp*tensor*expert = {m.data}*{m.fsdp}*{m.tensor}*{m.expert} = {n} must equal "
+                          f"the number of devices ({n_devices})")
+    if m.expert > 1 and not model_cfg.is_moe:
+        raise ConfigError(f"mesh.expert={m.expert} splits the experts of a mixture of experts, but the model "
+                          f"({model_cfg.family}) has none")
+    if m.expert > 1 and model_cfg.num_experts % m.expert:
+        raise ConfigError(f"mesh.expert={m.expert} must divide the model's {model_cfg.num_experts} experts")
     rows = cfg.rollout.prompts_per_step * cfg.rollout.num_samples
-    batch_ways = m.data * m.fsdp
+    batch_ways = m.batch_ways
     if rows % rec.num_minibatches:
         raise ConfigError(f"recipe.num_minibatches={rec.num_minibatches} must divide the rollout rows "
                           f"prompts_per_step*num_samples={rows}")
     per_update = rows // rec.num_minibatches
     if per_update % (batch_ways * cfg.optim.num_microbatches):
         raise ConfigError(f"each update has {per_update} rows, which must divide into optim.num_microbatches="
-                          f"{cfg.optim.num_microbatches} micro-batches across data*fsdp={batch_ways} devices")
+                          f"{cfg.optim.num_microbatches} micro-batches across data*fsdp*expert={batch_ways} devices")
     if m.tensor > 1:
         for name in ("num_heads", "num_kv_heads", "intermediate_size"):
             v = getattr(model_cfg, name)
@@ -305,8 +346,9 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
             raise ConfigError(f"rollout.sampler_devices={ro.sampler_devices} leaves none of the {n_devices} devices to "
                               f"the trainer")
         n_devices -= ro.sampler_devices
-    _check_mesh(cfg, rec, model_cfg, n_devices or m_.data * m_.fsdp * m_.tensor)
-    prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.data * m_.fsdp)
+    _check_mesh(cfg, rec, model_cfg, n_devices or m_.devices)
+    _check_moe(cfg, rec, model_cfg)
+    prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.batch_ways, moe_routes(cfg, rec, model_cfg)[0])
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget
@@ -368,13 +410,13 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
 
     if k:  # the sampler's devices first, the trainer's after them
         devs = jax.devices()
-        if k >= len(devs) or (len(devs) - k) != m_.data * m_.fsdp * m_.tensor:
+        if k >= len(devs) or (len(devs) - k) != m_.devices:
             raise ConfigError(f"rollout.sampler_devices={k} of {len(devs)} devices leaves {len(devs) - k} to the "
-                              f"trainer; mesh data*fsdp*tensor = {m_.data * m_.fsdp * m_.tensor} must equal that")
-        mesh = make_mesh((m_.data, m_.fsdp, m_.tensor), devices=devs[k:])
+                              f"trainer; mesh data*fsdp*tensor*expert = {m_.devices} must equal that")
+        mesh = make_mesh(*m_.shape_axes(), devices=devs[k:])
         sampler_mesh = make_mesh((k, 1, 1), devices=devs[:k])
-    elif m_.data * m_.fsdp * m_.tensor > 1:
-        mesh = make_mesh((m_.data, m_.fsdp, m_.tensor))
+    elif m_.devices > 1:
+        mesh = make_mesh(*m_.shape_axes())
     model, tok = load_policy(cfg.model, seed=cfg.run.seed, mesh=mesh)
     gd, params, frozen_state = nnx.split(model, trainable(model.cfg), ...)
     stop = end_of_turn_id(tok, cfg.data.chat)
@@ -446,10 +488,13 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             ref_params = to_host_memory(params)
         else:
             ref_params = jax.tree.map(lambda x: x.copy(), params)
-    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.data * cfg.mesh.fsdp if mesh is not None else 1)
+    routes_ok = moe_routes(cfg, rec, s.base_cfg)[0]
+    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways if mesh is not None else 1, routes_ok)
     log.info("train.shared_prefix: %s", f"on, blocks of {prefix.rows_per_prompt} rows" if prefix else f"off ({why})")
     rec = dataclasses.replace(rec, objective=dataclasses.replace(
-        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0))
+        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
+        routing_replay=bool(cfg.train.routing_replay), router_mismatch=routes_ok,
+        router_aux_coef=float(cfg.train.router_aux_coef)))
     train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step * cfg.rollout.candidates,
