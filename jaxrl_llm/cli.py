@@ -4,7 +4,7 @@
     jaxrl-llm train <experiment> [key=value ...] [--config f.yaml] [--print-config] [--dry-run]
     jaxrl-llm check [<experiment> ...]               resolve configs and run each experiment's check()
     jaxrl-llm plan <experiment> [key=value ...]      compile its train step + sampler on abstract shapes; memory report
-    jaxrl-llm plan --model P --mesh D,F,T [...]      the same for a model preset, batch and mesh given as flags
+    jaxrl-llm plan --model P --mesh D,F,T[,E] [...]  the same for a model preset, batch and mesh given as flags
     jaxrl-llm methods [--json] [--kind K]            every method part: config name, paper, core function, tests
 
 An *experiment* is a Python file that defines a function ``config()`` returning a config (or a
@@ -408,7 +408,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_plan.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the experiment")
     p_plan.add_argument("--config", action="append", metavar="FILE.yaml", help="YAML config files (as train)")
     p_plan.add_argument("--model", default="smollm2-135m", help="a jaxrl_llm.models.PRESETS name")
-    p_plan.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor (e.g. 8,8,1)")
+    p_plan.add_argument("--mesh", default="1,1,1",
+                        help="data,fsdp,tensor[,expert] (e.g. 8,8,1; 4,2,1,8: experts split 8 ways)")
     p_plan.add_argument("--rows", type=int, default=8, help="global rows of one train step")
     p_plan.add_argument("--seq-len", type=int, default=256, help="tokens per training row")
     p_plan.add_argument("--microbatches", type=int, default=1)
@@ -463,9 +464,9 @@ def _plan_spec(args):
     try:
         mesh = tuple(int(x) for x in args.mesh.split(","))
     except ValueError:
-        raise UsageError(f"--mesh must be three integers data,fsdp,tensor, got {args.mesh!r}") from None
-    if len(mesh) != 3:
-        raise UsageError(f"--mesh must be three integers data,fsdp,tensor, got {args.mesh!r}")
+        raise UsageError(f"--mesh must be integers data,fsdp,tensor[,expert], got {args.mesh!r}") from None
+    if len(mesh) not in (3, 4):
+        raise UsageError(f"--mesh must be three or four integers data,fsdp,tensor[,expert], got {args.mesh!r}")
     return PlanSpec(model=args.model, mesh=mesh, rows=args.rows, seq_len=args.seq_len,
                     num_microbatches=args.microbatches, prompts=args.prompts, num_samples=args.samples,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, param_dtype=args.param_dtype,

@@ -3,8 +3,8 @@
 :func:`plan` builds the model, the train state and the batches as *abstract* shapes (no
 weights are created), lowers and compiles the real jitted train step
 (:func:`jaxrl_llm.training.make_train_step`) and the real sampler
-(:func:`jaxrl_llm.rollout.generate`) for a ``(data, fsdp, tensor)`` mesh, and reports per
-device:
+(:func:`jaxrl_llm.rollout.generate`) for a ``(data, fsdp, tensor)`` mesh (plus ``expert`` for
+a mixture of experts), and reports per device:
 
 - **params**, **optimiser state**, **batch**: summed from each array's shard shape under
   the same logical sharding rules training uses;
@@ -12,7 +12,9 @@ device:
   backward pass, gradients, fusion buffers);
 - **peak** = arguments + outputs - donated (aliased) bytes + temporaries;
 - for the sampler: **KV cache** (from its shard shape) and the compiled program's peak;
-- **FLOPs** per device: ``6 x params x tokens`` plus causal attention (the compiler's cost
+- **FLOPs** per device: ``6 x params x tokens`` plus causal attention (a mixture of experts
+  counts its *active* parameters, ``k`` of ``E`` experts; sliding-window layers count the
+  keys in their window) (the compiler's cost
   analysis is reported too, but it counts one trip of the layer scan), and an estimated time
   on a chip (:data:`CHIPS`, or ``peak_tflops`` / ``hbm_gbs`` given): a roofline, the larger of
   the FLOPs at the chip's peak and the state's memory traffic (parameters read forward and
@@ -35,7 +37,8 @@ import math
 import time
 from typing import Any
 
-__all__ = ["Chip", "CHIPS", "PlanSpec", "plan", "format_plan", "check_spec", "plan_spec_of"]
+__all__ = ["Chip", "CHIPS", "PlanSpec", "plan", "format_plan", "check_spec", "plan_spec_of", "active_params",
+           "attended_pairs"]
 
 GiB = 2**30
 
@@ -67,8 +70,9 @@ class PlanSpec:
 
     Attributes:
       model: a :data:`jaxrl_llm.models.PRESETS` name, or a ``ModelConfig``.
-      mesh: ``(data, fsdp, tensor)``.
-      rows: global rows of one train step (prompts x samples), split over data x fsdp.
+      mesh: ``(data, fsdp, tensor)``, or ``(data, fsdp, tensor, expert)`` for a mixture of
+        experts (its stacked experts split over ``expert``, the batch over data x fsdp x expert).
+      rows: global rows of one train step (prompts x samples), split over data x fsdp (x expert).
       seq_len: tokens per training row (prompt + completion).
       num_microbatches: gradient-accumulation slices of the step.
       prompts, num_samples, prompt_len, new_tokens: the sampler's batch (``prompts`` global
@@ -89,7 +93,7 @@ class PlanSpec:
     """
 
     model: Any = "smollm2-135m"
-    mesh: tuple[int, int, int] = (1, 1, 1)
+    mesh: tuple[int, ...] = (1, 1, 1)
     rows: int = 8
     seq_len: int = 256
     num_microbatches: int = 1
@@ -116,6 +120,15 @@ class PlanSpec:
         cfg = self.model if isinstance(self.model, ModelConfig) else preset(str(self.model))
         over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat") if getattr(self, k) is not None}
         return cfg.replace(**over) if over else cfg
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        return ("data", "fsdp", "tensor", "expert")[:len(self.mesh)]
+
+    @property
+    def batch_ways(self) -> int:
+        """Ways the batch is split: data x fsdp (x expert)."""
+        return math.prod(self.mesh) // self.mesh[2]
 
     def chip_numbers(self) -> Chip | None:
         if self.chip is not None and self.chip not in CHIPS:
@@ -146,14 +159,23 @@ def check_spec(spec: PlanSpec) -> None:
     spec.chip_numbers()
     if spec.reference not in ("none", "device", "host"):
         raise ValueError(f"PlanSpec.reference must be 'none', 'device' or 'host', got {spec.reference!r}")
-    d, f, t = spec.mesh
+    if len(spec.mesh) not in (3, 4):
+        raise ValueError(f"PlanSpec.mesh must be (data, fsdp, tensor) or (data, fsdp, tensor, expert), got {spec.mesh}")
     if min(spec.mesh) < 1:
         raise ValueError(f"PlanSpec.mesh: every axis must be >= 1, got {spec.mesh}")
-    if spec.rows % (d * f):
-        raise ValueError(f"PlanSpec.rows={spec.rows} must be divisible by data*fsdp={d * f}")
-    if spec.rows % spec.num_microbatches or (spec.rows // spec.num_microbatches) % (d * f):
+    ways, what = spec.batch_ways, "data*fsdp" + ("*expert" if len(spec.mesh) == 4 else "")
+    if len(spec.mesh) == 4 and spec.mesh[3] > 1:
+        if not cfg.is_moe:
+            raise ValueError(f"PlanSpec.mesh: an expert axis of {spec.mesh[3]} needs a mixture of experts; "
+                             f"{cfg.family} has none")
+        if cfg.num_experts % spec.mesh[3]:
+            raise ValueError(f"PlanSpec.mesh: the expert axis ({spec.mesh[3]}) must divide the model's "
+                             f"{cfg.num_experts} experts")
+    if spec.rows % ways:
+        raise ValueError(f"PlanSpec.rows={spec.rows} must be divisible by {what}={ways}")
+    if spec.rows % spec.num_microbatches or (spec.rows // spec.num_microbatches) % ways:
         raise ValueError(f"PlanSpec.num_microbatches={spec.num_microbatches}: each micro-batch "
-                         f"({spec.rows}/{spec.num_microbatches} rows) must split over data*fsdp={d * f}")
+                         f"({spec.rows}/{spec.num_microbatches} rows) must split over {what}={ways}")
     if spec.optimizer not in ("adamw", "sgd"):
         raise ValueError(f"PlanSpec.optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
     if spec.seq_len < 2:
@@ -161,6 +183,25 @@ def check_spec(spec: PlanSpec) -> None:
     if spec.seq_len > cfg.max_position_embeddings or spec.prompt_len + spec.new_tokens > cfg.max_position_embeddings:
         raise ValueError(f"PlanSpec: sequence lengths exceed the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
+
+
+def active_params(cfg: Any, n_params: int) -> int:
+    """Parameters one token computes with: all of them for a dense model; for a mixture of
+    experts, every non-expert parameter plus ``k`` of the ``E`` experts of each layer."""
+    if not cfg.is_moe:
+        return int(n_params)
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * cfg.num_layers
+    return int(n_params - (cfg.num_experts - cfg.num_experts_per_tok) * per_expert)
+
+
+def attended_pairs(cfg: Any, length: int) -> float:
+    """(query, key) pairs of causal attention over ``length`` tokens, summed over layers: ``L^2 / 2``
+    for a global layer, about ``W L - W^2 / 2`` for a sliding window of ``W < L`` keys."""
+    total = 0.0
+    for w in cfg.layer_windows():
+        w = int(w)
+        total += length * length / 2 if (w == 0 or w >= length) else w * length - w * w / 2
+    return total
 
 
 def _cost(compiled) -> dict:
@@ -203,6 +244,9 @@ def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, m
             batch[k] = sds((B,), jnp.float32)
         elif k == "prefix_mask":  # a shared-prefix objective (train.shared_prefix): the prompt's width
             batch[k] = sds((B, spec.prompt_len), jnp.bool_)
+        elif k == "routes":  # a mixture of experts' sampler routes (replayed or compared)
+            cfg = spec.model_config()
+            batch[k] = sds((B, L, cfg.num_layers, cfg.num_experts_per_tok), jnp.int32)
         else:
             batch[k] = sds((B, L - 1), jnp.bool_ if k == "loss_mask" else jnp.float32)
     b_sh = {k: logical_sharding(("batch",) + (None,) * (len(v.shape) - 1), mesh, shape=v.shape)
@@ -244,7 +288,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         raise ValueError(f"mesh {spec.mesh} needs {n_dev} devices; {len(pool)} available "
                          "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
-    mesh = make_mesh(spec.mesh, devices=pool[:n_dev])
+    mesh = make_mesh(spec.mesh, spec.mesh_axes, devices=pool[:n_dev])
 
     gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
@@ -255,11 +299,12 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     t_lower, t_compile = train.pop("_lower_s"), train.pop("_compile_s")
 
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    n_active = active_params(cfg, n_params)
     train = {
         **train,
-        "flops_6nd_per_device": 6.0 * n_params * B * L / n_dev,
-        # + causal attention (QK^T and AV, half the square), forward and backward
-        "flops_model_per_device": (6.0 * n_params * B * L + 3 * 2 * 2 * cfg.num_layers * B * L * L / 2
+        "flops_6nd_per_device": 6.0 * n_active * B * L / n_dev,
+        # + causal attention (QK^T and AV over the keys each query sees), forward and backward
+        "flops_model_per_device": (6.0 * n_active * B * L + 3 * 2 * 2 * B * attended_pairs(cfg, L)
                                    * cfg.num_heads * cfg.head_dim) / n_dev,
         "lower_s": round(t_lower, 2), "compile_s": round(t_compile, 2),
     }
@@ -282,8 +327,9 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         critic["peak_with_critic"] = max(critic["peak_policy_step"], critic["peak_critic_step"])
     report: dict[str, Any] = {
         "model": spec.model if isinstance(spec.model, str) else "custom", "n_params": int(n_params),
+        "n_active_params": int(n_active), "family": cfg.family,
         "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat,
-        "mesh": dict(zip(("data", "fsdp", "tensor"), spec.mesh)), "devices": n_dev,
+        "mesh": dict(zip(spec.mesh_axes, spec.mesh)), "devices": n_dev,
         "platform": pool[0].platform, "spec": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in ("model", "objective")},
         "objective": None if spec.objective is None else _describe_objective(spec.objective),
         "lora": cfg.lora is not None,
@@ -316,6 +362,9 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         names_v = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
         kv = sum(_shard_bytes([c], [logical_sharding(nm, mesh, shape=c.shape)])
                  for c, nm in ((cache.k, names_k), (cache.v, names_v)))
+        if cache.routes is not None:  # a mixture of experts records every token's experts
+            kv += _shard_bytes([cache.routes], [logical_sharding(("batch", None, None, None), mesh,
+                                                                  shape=cache.routes.shape)])
         report["sampler"] = {
             "params": _shard_bytes(params, p_sh), "kv_cache": kv, "rows": n,
             **{f"compiled_{k}": v for k, v in _memory(gcomp).items()},
@@ -333,10 +382,10 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         est["train_fits"] = bool(train["peak_with_reference"] <= chip.hbm_gib * GiB)
         if "sampler" in report:
             s = report["sampler"]
-            rows_dev = s["rows"] / (spec.mesh[0] * spec.mesh[1])
+            rows_dev = s["rows"] / spec.batch_ways
             per_token = max((s["params"] + s["kv_cache"]) / bw,
-                            2.0 * n_params / max(spec.mesh[1] * spec.mesh[2], 1) * rows_dev / peak)
-            prefill = 2.0 * n_params * spec.prompts * spec.prompt_len / n_dev / peak
+                            2.0 * n_active / max(spec.mesh[1] * spec.mesh[2], 1) * rows_dev / peak)
+            prefill = 2.0 * n_active * spec.prompts * spec.prompt_len / n_dev / peak
             est["rollout_s"] = prefill + spec.new_tokens * per_token
             est["sampler_fits"] = bool(s["peak_with_reference"] <= chip.hbm_gib * GiB)
         report["estimate"] = est
@@ -351,9 +400,11 @@ def format_plan(r: dict) -> str:
     """A short Markdown report of :func:`plan`'s dict."""
     t = r["train_step"]
     m = r["mesh"]
-    lines = [f"### {r['model']} ({r['n_params'] / 1e9:.2f}B params, {r['param_dtype']} params, {r['dtype']} "
-             f"compute, remat={r['remat']}) on {r['devices']} devices, mesh data={m['data']} fsdp={m['fsdp']} "
-             f"tensor={m['tensor']}", ""]
+    active = (f", {r['n_active_params'] / 1e9:.2f}B active per token"
+              if r.get("n_active_params", r["n_params"]) != r["n_params"] else "")
+    lines = [f"### {r['model']} ({r['n_params'] / 1e9:.2f}B params{active}, {r['param_dtype']} params, {r['dtype']} "
+             f"compute, remat={r['remat']}) on {r['devices']} devices, mesh "
+             + " ".join(f"{k}={v}" for k, v in m.items()), ""]
     sp = r["spec"]
     obj = r.get("objective")
     lines += [f"Train step: {sp['rows']} rows x {sp['seq_len']} tokens, {sp['num_microbatches']} micro-batch(es), "
@@ -377,8 +428,9 @@ def format_plan(r: dict) -> str:
                   f"| **peak with the critic** (the larger of the policy's and the critic's step, the other "
                   f"model resident) | **{_gib(c['peak_with_critic'])}** |"]
     lines += ["",
-              f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x params x tokens + "
-              f"attention; the compiler's count, {t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
+              f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x "
+              f"{'active ' if active else ''}params x tokens + attention; the compiler's count, "
+              f"{t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
               ""]
     if "sampler" in r:
         s = r["sampler"]
@@ -421,16 +473,22 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     from jaxrl_llm.training.runner import rl_recipe, shared_prefix_plan
 
     rec = rl_recipe(cfg)
-    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways)  # the update the run compiles
+    from jaxrl_llm.training.runner import moe_routes
+
+    mcfg = model_config(cfg.model)
+    routes, _ = moe_routes(cfg, rec, mcfg)
+    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways, routes)  # the update the run compiles
     rec = dataclasses.replace(rec, objective=dataclasses.replace(
-        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0))
+        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
+        routing_replay=bool(cfg.train.routing_replay), router_mismatch=routes,
+        router_aux_coef=float(cfg.train.router_aux_coef)))
     ro = cfg.rollout
     # the longest prompt the run can see, padded to its bucket as the sampler pads it
     longest = min(max(ro.prompt_buckets), cfg.data.max_prompt_tokens)
     prompt_len = min(b for b in ro.prompt_buckets if b >= longest)
     rows = ro.prompts_per_step * ro.num_samples
     reference = "none" if not rec.needs_reference else ("host" if cfg.model.offload_reference else "device")
-    fields = dict(model=model_config(cfg.model), mesh=(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor),
+    fields = dict(model=mcfg, mesh=cfg.mesh.shape_axes()[0],
                   rows=rows // rec.num_minibatches, seq_len=prompt_len + ro.max_new_tokens,
                   num_microbatches=cfg.optim.num_microbatches, prompts=ro.prompts_per_step,
                   num_samples=ro.num_samples, prompt_len=prompt_len, new_tokens=ro.max_new_tokens,

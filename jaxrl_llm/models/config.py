@@ -121,6 +121,10 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the k routing weights to sum to 1
+    # None: dropless (every token reaches its k experts; jax.lax.ragged_dot); a float c: each
+    # expert takes at most ceil(c * tokens * k / E) tokens of a forward pass (batched matmuls
+    # over [E, capacity, D] buffers), later tokens over capacity skip that expert
+    moe_capacity_factor: float | None = None
     num_labels: int = 1  # outputs of the score head (reward / value models)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -172,6 +176,8 @@ class ModelConfig:
             need(isinstance(self.moe_intermediate_size, (int, np.integer)) and self.moe_intermediate_size >= 1,
                  "moe_intermediate_size", "must be a positive int when num_experts > 0")
             need(self.gated_mlp, "gated_mlp", "must be True for a mixture of experts (gated experts)")
+        need(self.moe_capacity_factor is None or self.moe_capacity_factor > 0, "moe_capacity_factor",
+             "must be > 0 or None (dropless)")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.lora is not None and not isinstance(self.lora, LoRAConfig):

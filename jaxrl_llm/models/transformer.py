@@ -373,12 +373,14 @@ class RouterStats(NamedTuple):
     mismatch rate). ``counts [.., E]``: own top-k assignments per expert over the real tokens;
     ``prob_sum [.., E]``: router probabilities summed over the real tokens (differentiable);
     ``tokens [..]``: the number of real tokens. The load-balancing loss is built from these
-    (:func:`load_balancing_loss`)."""
+    (:func:`load_balancing_loss`). ``dropped [..]``: (real token, expert) assignments that
+    skipped their expert for lack of capacity (0 when dropless)."""
 
     choice: jax.Array
     counts: jax.Array
     prob_sum: jax.Array
     tokens: jax.Array
+    dropped: Any = 0.0
 
 
 class MoE(nnx.Module):
@@ -387,12 +389,21 @@ class MoE(nnx.Module):
     (gate/up ``[E, D, I]``, down ``[E, I, D]``) along the logical ``"expert"`` axis, which the
     sharding rules map to the ``expert`` mesh axis (expert parallelism).
 
-    Dropless: every token reaches its k experts (no capacity, nothing dropped). The
-    token-expert pairs are sorted by expert and each expert multiplies its contiguous rows
-    (``jax.lax.ragged_dot``), so the FLOPs are those of the k chosen experts only, as in HF's
-    loop over experts. ``replay [B, T, k]``: use these experts instead of the router's choice
-    (routing replay); their weights are the router's probabilities at those experts, normalised
-    as usual.
+    Two ways to compute the experts (``cfg.moe_capacity_factor``):
+
+    - ``None``, dropless (the default; HF's semantics): every token reaches its k experts. The
+      token-expert pairs are sorted by expert and each expert multiplies its contiguous rows
+      (``jax.lax.ragged_dot``): grouped-matmul kernels on TPU and GPU compute only the k chosen
+      experts' FLOPs. XLA:CPU lowers ``ragged_dot`` to a masked dense product, ``E / k`` times
+      the FLOPs (right, but slow for large ``E``).
+    - a capacity factor ``c``: each expert takes at most ``C = ceil(c * N * k / E)`` of the
+      forward pass's ``N`` tokens (in token order; a token over capacity skips that expert, its
+      other experts and the residual still count) into an ``[E, C, D]`` buffer, and the experts
+      run as one batched matmul, sharded over the ``expert`` mesh axis (GShard-style expert
+      parallelism; XLA inserts the exchanges). ``c >= E / k`` never drops.
+
+    ``replay [B, T, k]``: use these experts instead of the router's choice (routing replay);
+    their weights are the router's probabilities at those experts, normalised as usual.
     """
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -400,6 +411,7 @@ class MoE(nnx.Module):
         pdt = jnp.dtype(cfg.param_dtype)
         self.k, self.e, self.norm_topk = int(cfg.num_experts_per_tok), int(e), bool(cfg.norm_topk_prob)
         self.dtype, self.act = jnp.dtype(cfg.dtype), cfg.activation
+        self.capacity_factor = cfg.moe_capacity_factor
         self.router = Proj((d,), (e,), ("embed",), ("expert_router",), bias=False, cfg=cfg, rngs=rngs)
         self.gate = nnx.Param(_normal(rngs, (e, d, f), 0.02, pdt), logical_axes=("expert", "embed", "mlp"))
         self.up = nnx.Param(_normal(rngs, (e, d, f), 0.02, pdt), logical_axes=("expert", "embed", "mlp"))
@@ -422,19 +434,44 @@ class MoE(nnx.Module):
         order = jnp.argsort(flat, stable=True)
         sizes = jnp.bincount(flat, length=self.e).astype(jnp.int32)
         xs = jnp.take(xf, order // k, axis=0).astype(dt)
+        real = jnp.asarray(mask).reshape(n).astype(jnp.float32)
+        dropped = jnp.zeros((), jnp.float32)
+        if self.capacity_factor is None:
+            def rdot(a, wt):
+                return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
 
-        def rdot(a, wt):
-            return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
-
-        hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
-        y = rdot(hid, self.down[...]).astype(dt) * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
+            hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
+            y = rdot(hid, self.down[...]).astype(dt)
+        else:
+            y, keep = self._capacity_experts(xs, jnp.take(flat, order), sizes, n)
+            dropped = jnp.sum(jnp.where(keep, 0.0, jnp.take(real, order // k)))
+        y = y * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
         y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, d)
         out = jnp.sum(y.astype(jnp.float32), axis=1).astype(dt).reshape(b, t, d)
-        real = jnp.asarray(mask).reshape(n).astype(jnp.float32)
         counts = jnp.sum(jax.nn.one_hot(top_i, self.e, dtype=jnp.float32), axis=1) * real[:, None]
         stats = RouterStats(top_i.reshape(b, t, k), jnp.sum(counts, axis=0),
-                            jnp.sum(probs * real[:, None], axis=0), jnp.sum(real))
+                            jnp.sum(probs * real[:, None], axis=0), jnp.sum(real), dropped)
         return out, stats
+
+
+    def _capacity_experts(self, xs, expert, sizes, n):
+        """Outputs ``[n * k, D]`` of the expert-sorted rows ``xs`` through ``[E, C, D]`` buffers
+        (rows past an expert's capacity give 0)."""
+        e, k, dt = self.e, self.k, self.dtype
+        cap = max(1, min(n * k, math.ceil(self.capacity_factor * n * k / e)))
+        starts = jnp.cumsum(sizes) - sizes
+        pos = jnp.arange(n * k, dtype=jnp.int32) - jnp.take(starts, expert)
+        keep = pos < cap
+        slot = jnp.where(keep, expert * cap + pos, e * cap)  # e * cap: out of range, dropped
+        buf = jnp.zeros((e * cap, xs.shape[-1]), dt).at[slot].set(xs, mode="drop").reshape(e, cap, -1)
+        buf = constrain(buf, ("act_expert", None, "act_embed"))
+
+        def bdot(a, wt):
+            return jnp.einsum("ecd,edf->ecf", a, wt.astype(dt), preferred_element_type=jnp.float32)
+
+        hid = (_act(self.act)(bdot(buf, self.gate[...])) * bdot(buf, self.up[...])).astype(dt)
+        out = constrain(bdot(hid, self.down[...]).astype(dt), ("act_expert", None, "act_embed"))
+        return jnp.take(out.reshape(e * cap, -1), slot, axis=0, mode="fill", fill_value=0), keep
 
 
 def load_balancing_loss(stats: RouterStats) -> jax.Array:

@@ -73,6 +73,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
     ("act_mlp", "tensor"),
+    ("act_expert", "expert"),
     ("act_vocab", "tensor"),
 )
 

@@ -249,6 +249,9 @@ class PolicyObjective:
             metrics["moe/load_balancing_loss"] = jax.lax.stop_gradient(lb)
             if self.router_aux_coef:  # a per-(micro-)batch scalar, weighted like the batch's share of the loss
                 s = s + self.router_aux_coef * lb * jax.lax.stop_gradient(self.weight(batch))
+            if model.cfg.moe_capacity_factor is not None:  # assignments that found their expert full
+                metrics["moe/dropped_fraction"] = jnp.sum(router.dropped) / jnp.maximum(
+                    jnp.sum(router.tokens) * model.cfg.num_experts_per_tok, 1.0)
             if self.routing_replay or self.router_mismatch:
                 metrics["moe/router_mismatch"] = router_mismatch(router, batch["routes"], batch["mask"])
         return (s + coupled if self.coupled else s), metrics

@@ -2,7 +2,8 @@
 
 A tiny mixture of experts on (data, expert) meshes, against the single-device model: the
 forward logits, the routers' choices, the loss gradient (load-balancing term included), a
-forward with replayed routes and a KV-cache decode step (which records the routes). Checks
+forward with replayed routes, a KV-cache decode step (which records the routes) and the
+capacity-buffer experts (``moe_capacity_factor``, some tokens dropped). Checks
 that the stacked experts really are split over the ``expert`` axis. Prints one JSON line;
 exits non-zero on the first failure.
 """
@@ -65,7 +66,17 @@ def decode(p, t, m, cache):
     return mod.logits(h), cache
 
 
+gd_cap = nnx.graphdef(Transformer(CFG.replace(moe_capacity_factor=1.0), rngs=nnx.Rngs(0)))
+
+
+def forward_capacity(p, t, m):  # experts in [E, C, D] buffers, C = tokens * k / E: some tokens dropped
+    mod = nnx.merge(gd_cap, p)
+    h, _, stats = mod(t, m, return_routing=True)
+    return mod.logits(h), jnp.sum(stats.dropped)
+
+
 ref_logits, ref_choice = jax.jit(forward)(params, tokens, mask)
+ref_cap, ref_dropped = jax.jit(forward_capacity)(params, tokens, mask)
 ref_replay = np.asarray(jax.jit(replayed)(params, tokens, mask, replay))
 ref_grad = jax.jit(jax.grad(loss))(params, tokens, mask)
 ref_dec, ref_cache = jax.jit(decode)(params, tokens, mask, init_cache(CFG, B, T + 1))
@@ -83,6 +94,7 @@ for shape in MESHES:
         rp = jax.jit(replayed)(sp, t, m, replay)
         gr = jax.jit(jax.grad(loss))(sp, t, m)
         dec, cache = jax.jit(decode)(sp, t, m, init_cache(CFG, B, T + 1))
+        cap, dropped = jax.jit(forward_capacity)(sp, t, m)
     grad_err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(gr), jax.tree.leaves(ref_grad)))
     results[str(shape)] = {
         "forward": float(np.abs(np.asarray(lg) - np.asarray(ref_logits)).max()),
@@ -91,6 +103,8 @@ for shape in MESHES:
         "grad": grad_err,
         "decode": float(np.abs(np.asarray(dec) - np.asarray(ref_dec)).max()),
         "routes_equal": bool(np.array_equal(np.asarray(cache.routes), np.asarray(ref_cache.routes))),
+        "capacity": float(np.abs(np.asarray(cap) - np.asarray(ref_cap)).max()),
+        "dropped_equal": float(dropped) == float(ref_dropped),
     }
 # the decode cache recorded the forward's choices ([L, B, T, k] -> [B, T, L, k])
 rec = np.asarray(ref_cache.routes)[:, :T]
@@ -101,4 +115,5 @@ assert np.array_equal(rec[real], own_choice[real]), "cache.routes != the forward
 own = np.asarray(jax.jit(replayed)(params, tokens, mask, jnp.moveaxis(ref_choice, 0, 2)))
 results["self_replay"] = float(np.abs(own - np.asarray(ref_logits)).max())
 results["replay_differs"] = float(np.abs(ref_replay - np.asarray(ref_logits)).max())
+results["capacity_dropped"] = float(ref_dropped)
 print(json.dumps(results))

@@ -28,8 +28,9 @@ def test_forward_on_data_expert_meshes_equals_single_device():
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     for shape in ("(2, 4)", "(1, 8)", "(4, 2)"):
         r = res[shape]
-        assert r["choice_equal"] and r["routes_equal"], (shape, r)
-        assert max(r["forward"], r["replay"], r["decode"]) < 1e-5 and r["grad"] < 1e-6, (shape, r)
+        assert r["choice_equal"] and r["routes_equal"] and r["dropped_equal"], (shape, r)
+        assert max(r["forward"], r["replay"], r["decode"], r["capacity"]) < 1e-5 and r["grad"] < 1e-6, (shape, r)
+    assert res["capacity_dropped"] > 0  # the capacity path really dropped assignments
     assert res["self_replay"] == 0.0  # replaying the router's own choices is the plain forward
     assert res["replay_differs"] > 1e-3  # and other routes do change the output
 
@@ -81,3 +82,25 @@ def test_replay_weights_are_the_routers_probabilities_at_the_replayed_experts():
     assert float(jnp.abs(out(params, flipped) - out(params, routes)).max()) > 1e-3
     with pytest.raises(ValueError, match="routes"):
         model(tokens, routes=routes[:, :2])
+
+
+def test_capacity_buffers_equal_dropless_when_nothing_drops_and_count_drops():
+    """``moe_capacity_factor = E / k`` leaves room for every token: the dropless outputs; a
+    smaller factor drops assignments, counted in ``RouterStats.dropped``."""
+    cfg = preset("tiny-moe")
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    params = nnx.state(model)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (4, 16)), jnp.int32)
+    h0, _, s0 = model(tokens, return_routing=True)
+    assert float(jnp.sum(s0.dropped)) == 0.0
+
+    def with_factor(c):
+        gd = nnx.graphdef(Transformer(cfg.replace(moe_capacity_factor=c), rngs=nnx.Rngs(0)))
+        return nnx.merge(gd, params)(tokens, return_routing=True)
+
+    h, _, st = with_factor(cfg.num_experts / cfg.num_experts_per_tok)
+    assert float(jnp.abs(h - h0).max()) < 1e-5 and float(jnp.sum(st.dropped)) == 0.0
+    h, _, st = with_factor(0.5)  # room for half the assignments on average
+    n = 4 * 16 * cfg.num_experts_per_tok * cfg.num_layers
+    assert 0.3 * n < float(jnp.sum(st.dropped)) < 0.8 * n
+    assert float(jnp.abs(h - h0).max()) > 1e-3

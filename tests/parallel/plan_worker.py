@@ -1,7 +1,8 @@
 """Run with 8 simulated CPU devices: the planner's per-device memory against what the same
 compiled train step (``train``) or sampler (``sampler``) really uses. Prints one JSON line.
 
-Usage: ``plan_worker.py DATA,FSDP,TENSOR train|sampler``.
+Usage: ``plan_worker.py DATA,FSDP,TENSOR[,EXPERT] train|sampler [moe|moe-capacity]`` (a mixture
+of experts, its experts split over the fourth mesh axis; dropless, or capacity factor 1.25).
 
 "Really uses" is measured from the process's resident memory (``/proc/self/statm``), which
 on simulated CPU devices holds every device's buffers: the state (params, optimiser state,
@@ -43,6 +44,10 @@ mesh = tuple(int(x) for x in sys.argv[1].split(","))
 mode = sys.argv[2]
 CFG = ModelConfig(vocab_size=16384, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
                   intermediate_size=1536, tie_embeddings=True, max_position_embeddings=1024)
+if len(sys.argv) > 3 and sys.argv[3].startswith("moe"):  # most of the weights in 16 experts, top-2
+    CFG = CFG.replace(family="qwen3_moe", qk_norm=True, num_experts=16, num_experts_per_tok=2,
+                      moe_intermediate_size=512, norm_topk_prob=True,
+                      moe_capacity_factor=1.25 if sys.argv[3] == "moe-capacity" else None)
 spec = PlanSpec(model=CFG, mesh=mesh, rows=16, seq_len=256, prompts=8 if mode == "sampler" else 0, num_samples=8,
                 prompt_len=64, new_tokens=192, optimizer="adamw")
 report = plan(spec, return_compiled=True)

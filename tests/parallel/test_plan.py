@@ -29,8 +29,8 @@ def _env(one_arena: bool = False):
     return env
 
 
-def _worker(mesh: str, mode: str) -> dict:
-    proc = subprocess.run([sys.executable, str(WORKER), mesh, mode], capture_output=True, text=True,
+def _worker(mesh: str, mode: str, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, str(WORKER), mesh, mode, *extra], capture_output=True, text=True,
                           env=_env(one_arena=True), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -49,6 +49,18 @@ def test_planned_train_step_memory_matches_the_run(mesh):
 @pytest.mark.parametrize("mesh", ["2,2,2", "8,1,1"])
 def test_planned_sampler_memory_matches_the_run(mesh):
     r = _worker(mesh, "sampler")
+    assert abs(r["measured_state"] / r["planned_state"] - 1) < 0.05, r
+    assert abs(r["measured_peak"] / r["planned_peak"] - 1) < 0.15, r
+
+
+# a mixture of experts on a (data, expert) mesh: 16 experts split 4 ways, the batch 8 ways. The
+# dropless experts' sampler is not in the default run: XLA:CPU lowers jax.lax.ragged_dot to a
+# masked dense product whose working memory the plan undercounts on this backend (measured:
+# 214 MB planned, 290 MB resident per device); the capacity-buffer sampler's plan holds (0.3%).
+@pytest.mark.parametrize("mode,kind", [("train", "moe-capacity"), pytest.param("train", "moe", marks=pytest.mark.slow),
+                                       pytest.param("sampler", "moe-capacity", marks=pytest.mark.slow)])
+def test_planned_memory_of_a_mixture_of_experts_matches_the_run(mode, kind):
+    r = _worker("2,1,1,4", mode, kind)
     assert abs(r["measured_state"] / r["planned_state"] - 1) < 0.05, r
     assert abs(r["measured_peak"] / r["planned_peak"] - 1) < 0.15, r
 
@@ -78,8 +90,8 @@ def test_plan_command_simulates_the_mesh_and_reports():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--mesh", "2,2"], "--mesh must be three integers"),
-    (["--mesh", "a,b,c"], "--mesh must be three integers"),
+    (["--mesh", "2,2"], "--mesh must be three or four integers"),
+    (["--mesh", "a,b,c"], "--mesh must be integers"),
     (["--model", "nope"], "unknown preset 'nope'"),
     (["--chip", "tpu-v99"], "unknown chip 'tpu-v99'"),
     (["--rows", "8", "--microbatches", "3"], "PlanSpec.num_microbatches=3"),
