@@ -420,6 +420,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_plan.add_argument("--param-dtype", default=None, help="override the preset's (float32, bfloat16, ...)")
     p_plan.add_argument("--dtype", default=None, help="compute dtype override")
     p_plan.add_argument("--remat", default=None, choices=("none", "full", "dots"))
+    p_plan.add_argument("--moe-capacity", type=float, default=None,
+                        help="mixture of experts: capacity factor of the expert buffers (default: the model's; "
+                             "dropless)")
     p_plan.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     p_plan.add_argument("--reference", default="none", choices=("none", "device", "host"),
                         help="a KL recipe's frozen reference policy: none, resident on the devices, or in host "
@@ -470,7 +473,8 @@ def _plan_spec(args):
     return PlanSpec(model=args.model, mesh=mesh, rows=args.rows, seq_len=args.seq_len,
                     num_microbatches=args.microbatches, prompts=args.prompts, num_samples=args.samples,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, param_dtype=args.param_dtype,
-                    dtype=args.dtype, remat=args.remat, optimizer=args.optimizer, reference=args.reference, **chip)
+                    dtype=args.dtype, remat=args.remat, moe_capacity_factor=args.moe_capacity,
+                    optimizer=args.optimizer, reference=args.reference, **chip)
 
 
 def cmd_plan(args) -> int:

@@ -77,7 +77,8 @@ class PlanSpec:
       num_microbatches: gradient-accumulation slices of the step.
       prompts, num_samples, prompt_len, new_tokens: the sampler's batch (``prompts`` global
         prompts, each sampled ``num_samples`` times) and lengths. ``prompts=0``: skip it.
-      param_dtype, dtype, remat: override the model's execution settings (``None``: keep).
+      param_dtype, dtype, remat, moe_capacity_factor: override the model's execution settings
+        (``None``: keep; the capacity factor of a mixture of experts' expert buffers).
       optimizer: ``"adamw"`` (two moments like the parameters) or ``"sgd"`` (none).
       reference: the frozen reference policy of a KL recipe: ``"none"``, ``"device"`` (a
         second copy of the parameters, sharded like them, resident in device memory through
@@ -104,6 +105,7 @@ class PlanSpec:
     param_dtype: str | None = None
     dtype: str | None = None
     remat: str | None = None
+    moe_capacity_factor: float | None = None
     optimizer: str = "adamw"
     reference: str = "none"
     chip: str | None = None
@@ -118,7 +120,8 @@ class PlanSpec:
         from jaxrl_llm.models import ModelConfig, preset
 
         cfg = self.model if isinstance(self.model, ModelConfig) else preset(str(self.model))
-        over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat") if getattr(self, k) is not None}
+        over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat", "moe_capacity_factor")
+                if getattr(self, k) is not None}
         return cfg.replace(**over) if over else cfg
 
     @property

@@ -396,11 +396,14 @@ class MoE(nnx.Module):
       (``jax.lax.ragged_dot``): grouped-matmul kernels on TPU and GPU compute only the k chosen
       experts' FLOPs. XLA:CPU lowers ``ragged_dot`` to a masked dense product, ``E / k`` times
       the FLOPs (right, but slow for large ``E``).
-    - a capacity factor ``c``: each expert takes at most ``C = ceil(c * N * k / E)`` of the
-      forward pass's ``N`` tokens (in token order; a token over capacity skips that expert, its
-      other experts and the residual still count) into an ``[E, C, D]`` buffer, and the experts
-      run as one batched matmul, sharded over the ``expert`` mesh axis (GShard-style expert
-      parallelism; XLA inserts the exchanges). ``c >= E / k`` never drops.
+    - a capacity factor ``c``: in each sequence of ``T`` tokens, each expert takes at most
+      ``C = ceil(c * T * k / E)`` of them (in token order; a token over capacity skips that
+      expert, its other experts and the residual still count) into a ``[B, E, C, D]`` buffer,
+      and the experts run as one batched matmul per projection, sharded over the ``expert``
+      mesh axis (GShard-style expert parallelism: the buffer moves from the batch's devices to
+      the experts' and back; XLA inserts the exchanges). ``c >= E / k`` never drops. The
+      dropless path's sort runs over the whole batch at once, which XLA does not split over
+      devices: at scale, with an expert axis, use a capacity.
 
     ``replay [B, T, k]``: use these experts instead of the router's choice (routing replay);
     their weights are the router's probabilities at those experts, normalised as usual.
@@ -430,48 +433,77 @@ class MoE(nnx.Module):
             w = jnp.take_along_axis(probs, chosen, axis=-1)
         if self.norm_topk:
             w = w / jnp.sum(w, axis=-1, keepdims=True)
+        real = jnp.asarray(mask).reshape(n).astype(jnp.float32)
+        if self.capacity_factor is None:
+            out, dropped = self._dropless(xf, chosen, w).reshape(b, t, d), jnp.zeros((), jnp.float32)
+        else:
+            out, dropped = self._capacity(x, chosen.reshape(b, t, k), w.reshape(b, t, k), real.reshape(b, t))
+        counts = jnp.bincount(top_i.reshape(-1), weights=jnp.repeat(real, k), length=self.e)
+        stats = RouterStats(top_i.reshape(b, t, k), counts, jnp.sum(probs * real[:, None], axis=0), jnp.sum(real),
+                            dropped)
+        return out, stats
+
+    def _dropless(self, xf, chosen, w):
+        """``[n, D]``: the token-expert pairs sorted by expert, each expert's rows multiplied by its
+        weights (``ragged_dot``), weighted, summed back per token."""
+        n, d = xf.shape
+        k, dt = self.k, self.dtype
         flat = chosen.reshape(-1)
         order = jnp.argsort(flat, stable=True)
         sizes = jnp.bincount(flat, length=self.e).astype(jnp.int32)
         xs = jnp.take(xf, order // k, axis=0).astype(dt)
-        real = jnp.asarray(mask).reshape(n).astype(jnp.float32)
-        dropped = jnp.zeros((), jnp.float32)
-        if self.capacity_factor is None:
-            def rdot(a, wt):
-                return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
 
-            hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
-            y = rdot(hid, self.down[...]).astype(dt)
-        else:
-            y, keep = self._capacity_experts(xs, jnp.take(flat, order), sizes, n)
-            dropped = jnp.sum(jnp.where(keep, 0.0, jnp.take(real, order // k)))
-        y = y * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
+        def rdot(a, wt):
+            return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
+
+        hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
+        y = rdot(hid, self.down[...]).astype(dt) * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
         y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, d)
-        out = jnp.sum(y.astype(jnp.float32), axis=1).astype(dt).reshape(b, t, d)
-        counts = jnp.sum(jax.nn.one_hot(top_i, self.e, dtype=jnp.float32), axis=1) * real[:, None]
-        stats = RouterStats(top_i.reshape(b, t, k), jnp.sum(counts, axis=0),
-                            jnp.sum(probs * real[:, None], axis=0), jnp.sum(real), dropped)
-        return out, stats
+        return jnp.sum(y.astype(jnp.float32), axis=1).astype(dt)
 
-
-    def _capacity_experts(self, xs, expert, sizes, n):
-        """Outputs ``[n * k, D]`` of the expert-sorted rows ``xs`` through ``[E, C, D]`` buffers
-        (rows past an expert's capacity give 0)."""
+    def _capacity(self, x, chosen, w, real):
+        """``([B, T, D], dropped)``: per sequence, each expert takes at most
+        ``C = ceil(c * T * k / E)`` of its tokens (in token order) into a ``[B, E, C, D]`` buffer
+        (built where the rows are: split over the batch axes), which moves to the experts'
+        devices (split over ``expert``) for one batched matmul per projection, and back."""
+        b, t, d = x.shape
         e, k, dt = self.e, self.k, self.dtype
-        cap = max(1, min(n * k, math.ceil(self.capacity_factor * n * k / e)))
-        starts = jnp.cumsum(sizes) - sizes
-        pos = jnp.arange(n * k, dtype=jnp.int32) - jnp.take(starts, expert)
-        keep = pos < cap
-        slot = jnp.where(keep, expert * cap + pos, e * cap)  # e * cap: out of range, dropped
-        buf = jnp.zeros((e * cap, xs.shape[-1]), dt).at[slot].set(xs, mode="drop").reshape(e, cap, -1)
-        buf = constrain(buf, ("act_expert", None, "act_embed"))
+        cap = max(1, min(t * k, math.ceil(self.capacity_factor * t * k / e)))
 
-        def bdot(a, wt):
-            return jnp.einsum("ecd,edf->ecf", a, wt.astype(dt), preferred_element_type=jnp.float32)
+        def dispatch(xr, er):  # one sequence: xr [T, D], er [T, k]
+            flat = er.reshape(-1)
+            order = jnp.argsort(flat, stable=True)
+            expert = jnp.take(flat, order)
+            sizes = jnp.bincount(flat, length=e)
+            pos = jnp.arange(t * k, dtype=jnp.int32) - jnp.take(jnp.cumsum(sizes) - sizes, expert)
+            keep = pos < cap
+            slot = jnp.where(keep, expert * cap + pos, e * cap)  # e * cap: out of range, dropped
+            rows = jnp.take(xr, order // k, axis=0).astype(dt)
+            buf = jnp.zeros((e * cap, d), dt).at[slot].set(rows, mode="drop").reshape(e, cap, d)
+            return buf, order, slot, keep
 
-        hid = (_act(self.act)(bdot(buf, self.gate[...])) * bdot(buf, self.up[...])).astype(dt)
-        out = constrain(bdot(hid, self.down[...]).astype(dt), ("act_expert", None, "act_embed"))
-        return jnp.take(out.reshape(e * cap, -1), slot, axis=0, mode="fill", fill_value=0), keep
+        buf, order, slot, keep = jax.vmap(dispatch)(x, chosen)
+        # expert-major on the experts' devices: [E, B, C, D]
+        buf = constrain(buf.transpose(1, 0, 2, 3), ("act_expert", "act_batch_no_expert", None, "act_embed"))
+
+        def bdot(a, wt, spec):
+            return jnp.einsum(spec, a, wt.astype(dt), preferred_element_type=jnp.float32)
+
+        hid = (_act(self.act)(bdot(buf, self.gate[...], "ebcd,edf->ebcf"))
+               * bdot(buf, self.up[...], "ebcd,edf->ebcf")).astype(dt)
+        hid = constrain(hid, ("act_expert", "act_batch_no_expert", None, "act_mlp"))
+        out = bdot(hid, self.down[...], "ebcf,efd->ebcd").astype(dt)
+        out = constrain(out.transpose(1, 0, 2, 3), ("act_batch", None, None, "act_embed"))
+
+        def combine(o, order_r, slot_r, w_r):
+            y = jnp.take(o.reshape(e * cap, d), slot_r, axis=0, mode="fill", fill_value=0)
+            y = y * jnp.take(w_r.reshape(-1), order_r).astype(dt)[:, None]
+            y = jnp.zeros_like(y).at[order_r].set(y).reshape(t, k, d)
+            return jnp.sum(y.astype(jnp.float32), axis=1).astype(dt)
+
+        y = jax.vmap(combine)(out, order, slot, w)
+        lost = jnp.where(keep, 0.0, jnp.take_along_axis(real, order // k, axis=1))
+        return y, jnp.sum(lost)
 
 
 def load_balancing_loss(stats: RouterStats) -> jax.Array:

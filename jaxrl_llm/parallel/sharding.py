@@ -74,6 +74,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_kv_heads", "tensor"),
     ("act_mlp", "tensor"),
     ("act_expert", "expert"),
+    ("act_batch_no_expert", ("data", "fsdp")),  # a mixture of experts' token buffers on the experts' devices
     ("act_vocab", "tensor"),
 )
 
