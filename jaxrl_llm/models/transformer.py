@@ -82,6 +82,9 @@ class KVCache(NamedTuple):
     index: jax.Array  # [] int32: next slot to write
     next_position: jax.Array  # [B] int32: rope position of the next real token of each row
     routes: Any = None  # mixture of experts: [B, S, L, k] int32 experts each slot's token was routed to
+    # per-layer caches of sliding-window layers as rings of W slots (init_cache(ring=...)):
+    ring_slots: Any = None  # [W] int32: the cache slot each ring position holds (-1: empty)
+    ring_valid: Any = None  # [B, W] bool: the ring position holds a real token
 
 
 class SharedPrefix(NamedTuple):
@@ -101,23 +104,46 @@ class SharedPrefix(NamedTuple):
     next_position: jax.Array  # [U] int32: rope position of the first suffix token
 
 
+RING_FAMILIES = ("gemma2", "gemma3")
+
+
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = None,
-               per_layer: bool = False) -> KVCache:
+               per_layer: bool = False, ring: bool | None = None) -> KVCache:
     """Empty cache for ``batch`` rows of up to ``max_len`` tokens (prompt + generated).
 
     ``per_layer=True``: ``k`` and ``v`` are tuples of ``L`` separate ``[B, K, S, Dh]``
     buffers, for the unrolled path (``model(..., layers=unstack_layers(...))``).
+
+    ``ring`` (per-layer caches only): the sliding-window layers keep a ring of ``W`` slots (the
+    window) instead of ``max_len``: their cache does not grow beyond the window. ``None``: on for
+    the families of :data:`RING_FAMILIES` (Gemma), whose local layers are most of the model; off
+    for the others (their decoding keeps its rounding: the attention then sums over fewer
+    masked slots, equal to float rounding, not bit for bit).
     """
     dt = jnp.dtype(dtype or cfg.dtype)
     rows = (jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32))
-    if cfg.is_moe:  # the experts of every cached token, for routing replay in training
-        rows += (jnp.zeros((batch, max_len, cfg.num_layers, cfg.num_experts_per_tok), jnp.int32),)
+    routes = (jnp.zeros((batch, max_len, cfg.num_layers, cfg.num_experts_per_tok), jnp.int32)  # for routing replay
+              if cfg.is_moe else None)
     kshape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
     vshape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     if per_layer:
-        return KVCache(tuple(jnp.zeros(kshape, dt) for _ in range(cfg.num_layers)),
-                       tuple(jnp.zeros(vshape, dt) for _ in range(cfg.num_layers)), *rows)
-    return KVCache(jnp.zeros((cfg.num_layers,) + kshape, dt), jnp.zeros((cfg.num_layers,) + vshape, dt), *rows)
+        windows = cfg.layer_windows()
+        w = int(windows.max())
+        use_ring = (cfg.family in RING_FAMILIES if ring is None else bool(ring)) and 0 < w < max_len
+        if use_ring and len(set(int(x) for x in windows if x > 0)) > 1:
+            raise ValueError("init_cache(ring=True) needs one window size for all sliding-window layers")
+
+        def size(i):
+            return w if use_ring and windows[i] > 0 else max_len
+
+        ring_rows = (jnp.full((w,), -1, jnp.int32), jnp.zeros((batch, w), bool)) if use_ring else (None, None)
+        return KVCache(tuple(jnp.zeros(kshape[:-1] + (size(i),), dt) for i in range(cfg.num_layers)),
+                       tuple(jnp.zeros(vshape[:2] + (size(i), cfg.head_dim), dt) for i in range(cfg.num_layers)),
+                       *rows, routes, *ring_rows)
+    if ring:
+        raise ValueError("init_cache(ring=True) needs per_layer=True (the stacked cache has one length for all layers)")
+    return KVCache(jnp.zeros((cfg.num_layers,) + kshape, dt), jnp.zeros((cfg.num_layers,) + vshape, dt), *rows,
+                   routes)
 
 
 def unstack_layers(params: Any) -> list[Any]:
@@ -716,8 +742,15 @@ class Transformer(nnx.Module):
         else:
             attn_kw["q_slot"] = after_prefix(cache.index + slots)
             per_layer = isinstance(cache.k, (tuple, list))
-            old_slots = jnp.arange(cache.v[0].shape[2] if per_layer else cache.v.shape[3])
+            old_slots = jnp.arange(cache.valid.shape[1] if per_layer else cache.v.shape[3])
             new_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.index))
+            if cache.ring_slots is not None:  # sliding-window layers' rings: the last m new tokens go in
+                ring_w = cache.ring_slots.shape[0]
+                ring_m = min(t, ring_w)
+                ring_abs = cache.index + t - ring_m + jnp.arange(ring_m, dtype=jnp.int32)
+                ring_pos = ring_abs % ring_w
+                new_ring_slots = cache.ring_slots.at[ring_pos].set(ring_abs)
+                new_ring_valid = cache.ring_valid.at[:, ring_pos].set(mask[:, t - ring_m:])
 
         if layers is not None and cache is not None and not isinstance(cache.k, (tuple, list)):
             raise ValueError("layers= (unrolled) needs a per-layer cache: init_cache(..., per_layer=True)")
@@ -748,6 +781,18 @@ class Transformer(nnx.Module):
                 if cache is None:
                     return [(k, v, slots, mask, seg)]
                 k, v = k.astype(layer_k.dtype), v.astype(layer_v.dtype)
+                if per_layer and cache.ring_slots is not None and layer_v.shape[2] == ring_w and int(win) > 0:
+                    # a sliding-window layer's ring of W slots (slot s at position s % W)
+                    if t == 1:  # decoding: write first (in place), then read the ring, the new token included
+                        k = _write(layer_k, k, (0, 0, 0, ring_pos[0]))
+                        v = _write(layer_v, v, (0, 0, ring_pos[0], 0))
+                        new.extend([k, v])
+                        return shared + [(k, v, after_prefix(new_ring_slots), new_ring_valid, None)]
+                    # several tokens: the ring as it was and the new keys, then the last W go in
+                    new.extend([layer_k.at[..., ring_pos].set(k[..., t - ring_m:]),
+                                layer_v.at[:, :, ring_pos, :].set(v[:, :, t - ring_m:, :])])
+                    return shared + [(layer_k, layer_v, after_prefix(cache.ring_slots), cache.ring_valid, None),
+                                     (k, v, after_prefix(cache.index + slots), mask, None)]
                 if per_layer:
                     # separate buffers: write first, then read the updated buffer, so the update
                     # is the buffer's only user and XLA does it in place (no per-step copy)
@@ -824,8 +869,9 @@ class Transformer(nnx.Module):
             if cache.routes is not None and router is not None:
                 new_routes = jax.lax.dynamic_update_slice(
                     cache.routes, jnp.moveaxis(router.choice, 0, 2).astype(jnp.int32), (0, cache.index, 0, 0))
+            rings = (new_ring_slots, new_ring_valid) if cache.ring_slots is not None else (None, None)
             new_cache = KVCache(ck, cv, new_valid, cache.index + t,
-                                cache.next_position + jnp.sum(mask, axis=-1).astype(jnp.int32), new_routes)
+                                cache.next_position + jnp.sum(mask, axis=-1).astype(jnp.int32), new_routes, *rings)
         if return_routing:
             if router is None:
                 raise ValueError("return_routing=True needs a mixture-of-experts model (cfg.num_experts > 0)")

@@ -59,6 +59,8 @@ def _repeat_rows(cache, g: int):
     rep = lambda x, axis: jnp.repeat(x, g, axis=axis)  # noqa: E731
     if cache.routes is not None:
         cache = cache._replace(routes=rep(cache.routes, 0))
+    if cache.ring_valid is not None:
+        cache = cache._replace(ring_valid=rep(cache.ring_valid, 0))
     if isinstance(cache.k, tuple):  # per layer: [B, K, Dh, S] / [B, K, S, Dh] each
         return cache._replace(k=tuple(rep(c, 0) for c in cache.k), v=tuple(rep(c, 0) for c in cache.v),
                               valid=rep(cache.valid, 0), next_position=rep(cache.next_position, 0))
@@ -72,6 +74,8 @@ def _take_rows(cache, rows: jax.Array):
     take = lambda x, axis: jnp.take(x, rows, axis=axis)  # noqa: E731
     if cache.routes is not None:
         cache = cache._replace(routes=take(cache.routes, 0))
+    if cache.ring_valid is not None:
+        cache = cache._replace(ring_valid=take(cache.ring_valid, 0))
     if isinstance(cache.k, tuple):
         return cache._replace(k=tuple(take(c, 0) for c in cache.k), v=tuple(take(c, 0) for c in cache.v),
                               valid=take(cache.valid, 0), next_position=take(cache.next_position, 0))

@@ -38,7 +38,8 @@ def hf_greedy(hf, prompts, new, eos):
 
 
 @pytest.mark.parametrize("arch,unroll", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True),
-                                         ("gemma2", False), ("gemma3", True), ("qwen3_moe", False)])
+                                         ("gemma2", False), ("gemma2", True), ("gemma3", True), ("qwen3_moe", False),
+                                         ("qwen3_moe", True)])
 def test_greedy_equals_transformers_generate(arch, unroll, tmp_path):
     hf = make_hf_model(arch, seed=3)
     model = load_hf(save_hf_model(hf, tmp_path / arch))
