@@ -178,6 +178,7 @@ class ModelConfig:
             need(self.gated_mlp, "gated_mlp", "must be True for a mixture of experts (gated experts)")
         need(self.moe_capacity_factor is None or self.moe_capacity_factor > 0, "moe_capacity_factor",
              "must be > 0 or None (dropless)")
+        need(self.family != "qwen3_moe" or self.num_experts > 0, "num_experts", "must be > 0 for family qwen3_moe")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.lora is not None and not isinstance(self.lora, LoRAConfig):
@@ -439,6 +440,7 @@ def to_hf_config(cfg: ModelConfig, architecture: str = "causal_lm"):
     ``"sequence_classification"`` (score head)."""
     from transformers import AutoConfig
 
+    _check_exportable(cfg)
     suffix = {"causal_lm": "ForCausalLM", "sequence_classification": "ForSequenceClassification"}[architecture]
     common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings, bos_token_id=cfg.bos_token_id,
                   eos_token_id=list(cfg.eos_token_id) if isinstance(cfg.eos_token_id, tuple) else cfg.eos_token_id,
@@ -516,6 +518,24 @@ def _gemma_to_hf(cfg: ModelConfig, suffix: str, rope: dict, common: dict):
         name = "Gemma3"
     hf.architectures = [name + suffix]
     return hf
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+    """The HF class of ``cfg.family`` can express ``cfg``: a switch it lacks is an error naming
+    the field (an export that transformers would load with different logits is worse)."""
+    gemma = cfg.family in ("gemma2", "gemma3")
+    want = dict(norm_offset=1.0 if gemma else 0.0, post_norms=gemma, embed_scale=gemma)
+    if gemma:
+        want["qk_norm"] = cfg.family == "gemma3"
+    else:
+        want.update(query_pre_attn_scalar=None, attn_softcap=None, final_softcap=None, local_rope_theta=None)
+    if cfg.family == "gemma3":
+        want["attn_softcap"] = cfg.attn_softcap  # Gemma 3's HF class has both caps (null by default)
+    bad = [f"{k}={getattr(cfg, k)!r} (HF's {cfg.family} needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    if cfg.is_moe != (cfg.family == "qwen3_moe"):
+        bad.append(f"num_experts={cfg.num_experts} (only qwen3_moe has experts)")
+    if bad:
+        raise ValueError(f"cannot export this ModelConfig as HF {cfg.family}: " + "; ".join(bad))
 
 
 def load_config(path: str | Path, **overrides) -> ModelConfig:

@@ -122,3 +122,17 @@ def test_lora_on_experts_is_refused():
 
     with pytest.raises(ValueError, match="experts"):
         preset("tiny-moe", lora=LoRAConfig(targets=("q", "up")))
+
+
+def test_export_refuses_what_the_hf_class_cannot_express():
+    from jaxrl_llm.models import preset
+    from jaxrl_llm.models.config import to_hf_config
+
+    with pytest.raises(ValueError, match="final_softcap"):
+        to_hf_config(preset("tiny", final_softcap=30.0))
+    with pytest.raises(ValueError, match="post_norms"):
+        to_hf_config(preset("tiny-gemma", post_norms=False))
+    with pytest.raises(ValueError, match="num_experts"):
+        preset("tiny-moe", num_experts=0)
+    assert to_hf_config(preset("tiny-gemma")).model_type == "gemma3_text"
+    assert to_hf_config(preset("tiny-moe")).num_experts == 8
