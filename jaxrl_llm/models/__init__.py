@@ -1,5 +1,5 @@
-"""Models: a Flax NNX decoder family (Llama, Mistral, Qwen2/2.5, Qwen3, GPT-2) with HF and
-GGUF import, HF export, KV cache, LoRA, score heads and chunked log-probs."""
+"""Models: a Flax NNX decoder family (Llama, Mistral, Qwen2/2.5, Qwen3, GPT-2, Gemma 2/3,
+Qwen3-MoE) with HF and GGUF import, HF export, KV cache, LoRA, score heads and chunked log-probs."""
 
 from jaxrl_llm.models import config, gguf, hf, logprobs, transformer
 from jaxrl_llm.models.config import *  # noqa: F401,F403

@@ -1,8 +1,9 @@
 """Model configuration: one frozen dataclass describes every decoder of the family.
 
 Llama (2, 3, 3.1/3.2 rope scaling), Mistral (sliding window), Qwen2/2.5 (qkv bias), Qwen3
-(q/k RMSNorm) and GPT-2 (learned positions, LayerNorm, GELU) differ only in a handful of
-switches, so one implementation with per-family options serves them all.
+(q/k RMSNorm), GPT-2 (learned positions, LayerNorm, GELU), Gemma 2/3 ((1 + w) norms, post-norms,
+soft-capping, embedding scale, local rope base) and Qwen3-MoE (experts) differ only in a
+handful of switches, so one implementation with per-family options serves them all.
 :func:`from_hf_config` reads a ``transformers`` config (a local ``config.json`` through
 ``AutoConfig``), :func:`to_hf_config` writes one back for export, and :data:`PRESETS` names
 common sizes (used by tests, the memory planner and experiment files).
@@ -313,7 +314,8 @@ def _rope_from_hf(hf) -> tuple[float, tuple]:
 
 
 def from_hf_config(hf: Any, **overrides) -> ModelConfig:
-    """:class:`ModelConfig` of a ``transformers`` config (Llama, Mistral, Qwen2, Qwen3, GPT-2).
+    """:class:`ModelConfig` of a ``transformers`` config (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE,
+    GPT-2, Gemma 2, Gemma 3 text).
 
     ``overrides`` set execution fields (``param_dtype``, ``dtype``, ``remat``, ``lora``...).
     A ``*ForSequenceClassification`` config's ``num_labels`` is kept for the score head.

@@ -1,5 +1,6 @@
 """Decoder-only transformer in Flax NNX: one implementation for Llama, Mistral, Qwen2/2.5,
-Qwen3 and GPT-2.
+Qwen3, GPT-2, Gemma 2/3 (post-norms, soft-capping, per-layer rope bases) and Qwen3-MoE (a
+mixture of experts in every layer: :class:`MoE`).
 
 Layout. Layer parameters are *stacked* (leading layer axis, created with ``nnx.vmap``) and
 the layers run in a ``lax.scan``, so compile time does not grow with depth. Every parameter
