@@ -480,7 +480,7 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
 
     mcfg = model_config(cfg.model)
     routes, _ = moe_routes(cfg, rec, mcfg)
-    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways, routes)  # the update the run compiles
+    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways, mcfg.is_moe)  # the update the run compiles
     rec = dataclasses.replace(rec, objective=dataclasses.replace(
         rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
         routing_replay=bool(cfg.train.routing_replay), router_mismatch=routes,

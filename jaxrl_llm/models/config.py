@@ -180,6 +180,15 @@ class ModelConfig:
         need(self.moe_capacity_factor is None or self.moe_capacity_factor > 0, "moe_capacity_factor",
              "must be > 0 or None (dropless)")
         need(self.family != "qwen3_moe" or self.num_experts > 0, "num_experts", "must be > 0 for family qwen3_moe")
+        need(self.norm_offset == 0 or self.norm == "rms", "norm_offset", "applies to RMSNorm only (norm='rms')")
+        if not self.num_experts:
+            for f, off in (("num_experts_per_tok", 0), ("moe_intermediate_size", 0), ("moe_capacity_factor", None),
+                           ("norm_topk_prob", False)):
+                need(getattr(self, f) == off, f, f"is a mixture-of-experts setting: must be {off!r} with num_experts=0")
+        else:
+            need(not self.mlp_bias, "mlp_bias", "must be False for a mixture of experts (its experts have no biases)")
+        need(self.local_rope_theta is None or (self.sliding_window is not None and any(self.layer_windows() > 0)),
+             "local_rope_theta", "needs sliding-window layers (it is their rope base)")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.lora is not None and not isinstance(self.lora, LoRAConfig):

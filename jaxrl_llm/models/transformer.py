@@ -428,7 +428,10 @@ class MoE(nnx.Module):
       expert, its other experts and the residual still count) into a ``[B, E, C, D]`` buffer,
       and the experts run as one batched matmul per projection, sharded over the ``expert``
       mesh axis (GShard-style expert parallelism: the buffer moves from the batch's devices to
-      the experts' and back; XLA inserts the exchanges). ``c >= E / k`` never drops. The
+      the experts' and back; XLA inserts the exchanges). ``c >= E / k`` never drops. Padding
+      positions take no capacity (and get no expert output). A decode step (``T = 1``) never
+      drops, while a training forward over a whole sequence may: with drops, the sampler's and
+      the trainer's log-probs differ by more than rounding (``moe/dropped_fraction`` shows it). The
       dropless path's sort runs over the whole batch at once, which XLA does not split over
       devices: at scale, with an expert axis, use a capacity.
 
@@ -497,19 +500,20 @@ class MoE(nnx.Module):
         e, k, dt = self.e, self.k, self.dtype
         cap = max(1, min(t * k, math.ceil(self.capacity_factor * t * k / e)))
 
-        def dispatch(xr, er):  # one sequence: xr [T, D], er [T, k]
-            flat = er.reshape(-1)
+        def dispatch(xr, er, rr):  # one sequence: xr [T, D], er [T, k], rr [T] real tokens
+            # padding sorts last (key E) and takes no capacity: real tokens keep their places
+            flat = jnp.where(jnp.repeat(rr > 0, k), er.reshape(-1), e)
             order = jnp.argsort(flat, stable=True)
             expert = jnp.take(flat, order)
-            sizes = jnp.bincount(flat, length=e)
+            sizes = jnp.bincount(flat, length=e + 1)
             pos = jnp.arange(t * k, dtype=jnp.int32) - jnp.take(jnp.cumsum(sizes) - sizes, expert)
-            keep = pos < cap
+            keep = (expert < e) & (pos < cap)
             slot = jnp.where(keep, expert * cap + pos, e * cap)  # e * cap: out of range, dropped
             rows = jnp.take(xr, order // k, axis=0).astype(dt)
             buf = jnp.zeros((e * cap, d), dt).at[slot].set(rows, mode="drop").reshape(e, cap, d)
             return buf, order, slot, keep
 
-        buf, order, slot, keep = jax.vmap(dispatch)(x, chosen)
+        buf, order, slot, keep = jax.vmap(dispatch)(x, chosen, real)
         # expert-major on the experts' devices: [E, B, C, D]
         buf = constrain(buf.transpose(1, 0, 2, 3), ("act_expert", "act_batch_no_expert", None, "act_embed"))
 

@@ -73,7 +73,7 @@ from jaxrl_llm.training.prompt_store import STORE_INPUTS, PromptStore, prompt_ke
 from jaxrl_llm.training.prefix import PrefixPlan, block_rows, check_blocks, microbatch_order
 from jaxrl_llm.training.providers import AFTER_UPDATE, INTRINSIC, PROVIDERS, TOKEN_ARRAYS, StepBatch, policy_logp
 from jaxrl_llm.training.recipes import RLRecipe, estimate_advantages
-from jaxrl_llm.training.rl import Critic, build_rl_batch, minibatches, to_target_aligned
+from jaxrl_llm.training.rl import Critic, align_routes, build_rl_batch, minibatches, to_target_aligned
 
 __all__ = ["RLTrainer", "compute_advantages"]
 
@@ -145,10 +145,21 @@ def _put_rows(base, rows: np.ndarray, new) -> np.ndarray:
     return out
 
 
+def _take_rollout_rows(roll, rows=None):
+    """``roll`` (a rollout NamedTuple) as host arrays, its rows ``rows`` only (all: None); fields
+    that are None (a dense model's ``routes``) stay None."""
+    return type(roll)(*(None if x is None else (np.asarray(x) if rows is None else np.asarray(x)[rows])
+                        for x in roll))
+
+
 def _put_result(roll, out: RewardOutput, rows: np.ndarray, sub, sub_out: RewardOutput):
-    """``(roll, out)`` with rows ``rows`` replaced by the rows of ``(sub, sub_out)``, in order."""
+    """``(roll, out)`` with rows ``rows`` replaced by the rows of ``(sub, sub_out)``, in order.
+    A mixture of experts' ``routes`` are dropped (the replaced rows were sampled from other
+    prompts: the update then has no routes to replay, which the run's config checks refuse)."""
     roll = roll._replace(**{f: _put_rows(getattr(roll, f), rows, getattr(sub, f))
                             for f in ("tokens", "mask", "logprobs", "lengths", "stopped")})
+    if getattr(roll, "routes", None) is not None:
+        roll = roll._replace(routes=None)
     out = RewardOutput(_put_rows(out.total, rows, sub_out.total),
                        {k: _put_rows(v, rows, sub_out.per_fn[k]) for k, v in out.per_fn.items()},
                        {k: _put_rows(v, rows, sub_out.failed[k]) for k, v in out.failed.items()}, out.metrics)
@@ -417,7 +428,9 @@ class RLTrainer(HostLoop):
             raise RuntimeError("a mixture of experts' update reads the sampler's expert routes, but a rollout came back "
                                "without them (a transformed rollout: hints, replay; or a sampler that does not record "
                                "them)")
-        return cat(lambda x: x.t_roll.routes)
+        # rounds may have used different prompt buckets: align each to the widest before joining
+        width = max(np.asarray(r.t_roll.routes).shape[1] - np.asarray(r.t_roll.tokens).shape[1] for r in rounds)
+        return cat(lambda x: align_routes(np.asarray(x.t_roll.routes), np.asarray(x.t_roll.tokens).shape[1], width))
 
     def logp(self, params, others, tokens, mask, prompt_len: int | None = None, routes=None) -> np.ndarray:
         """``[N, L - 1]`` teacher-forced log-probs of ``params`` at the sampling temperature.
@@ -544,7 +557,7 @@ class RLTrainer(HostLoop):
         pidx = np.asarray(roll.prompt_index)
         groups = np.unique(pidx[cut])
         rows = np.flatnonzero(np.isin(pidx, groups))
-        sub = type(roll)(*(np.asarray(x)[rows] for x in roll))
+        sub = _take_rollout_rows(roll, rows)
         again = self.score([batch.prompts[i] for i in groups],
                            {k: [list(v)[i] for i in groups] for k, v in batch.columns.items()}, sub)
         total = np.array(out.total, copy=True)
@@ -631,7 +644,7 @@ class RLTrainer(HostLoop):
         def work():
             start = time.time()
             roll = sampler(params, batch.prompt_ids, key, *frozen)
-            roll = type(roll)(*(np.asarray(x) for x in roll))  # wait for the devices here, not in the trainer
+            roll = _take_rollout_rows(roll)  # wait for the devices here, not in the trainer
             return roll, start, time.time()
         self._pending = (it, batch, self._pool.submit(work))
 
@@ -793,7 +806,7 @@ class RLTrainer(HostLoop):
         pad += [pad[0]] * (len(batch) - len(pad))
         sub = self.sampler(params, pad, key, *self.frozen)
         take = (np.arange(len(encs))[:, None] * g + np.arange(per_prompt)[None]).ravel()
-        sub = type(sub)(*(np.asarray(v)[take] for v in sub))._replace(
+        sub = _take_rollout_rows(sub, take)._replace(
             prompt_index=np.repeat(np.arange(len(encs)), per_prompt).astype(np.int32))
         sub_out = self.score([e[1] for e in encs], {c: [list(v)[k] for k in groups] for c, v in batch.columns.items()},
                              sub)
@@ -827,7 +840,7 @@ class RLTrainer(HostLoop):
                 if ok[j] and (grp not in best or lv < best[grp][0]):
                     best[grp] = (lv, sub, sub_out, j)
         for grp, (lv, sub, sub_out, j) in best.items():
-            one = type(sub)(*(np.asarray(v)[[j]] for v in sub))
+            one = _take_rollout_rows(sub, [j])
             roll, out = _put_result(roll, out, np.flatnonzero(pidx == grp)[:1], one,
                                     RewardOutput(np.asarray(sub_out.total)[[j]],
                                                  {k: np.asarray(v)[[j]] for k, v in sub_out.per_fn.items()},

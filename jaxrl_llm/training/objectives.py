@@ -111,7 +111,7 @@ class PolicyObjective:
         sampler's experts (the batch's ``routes``, recorded at rollout) instead of its routers'
         current choices (Rollout Routing Replay, arXiv 2510.11370).
       router_mismatch: log ``moe/router_mismatch`` (needs the batch's ``routes``; always with
-        ``routing_replay``): the fraction of (real token, layer) pairs whose router, in this
+        ``routing_replay``): the fraction of (trained token, layer) pairs whose router, in this
         forward pass, picks another expert set than the sampler did.
       router_aux_coef: weight of the load-balancing loss
         (:func:`jaxrl_llm.models.transformer.load_balancing_loss`, HF's ``router_aux_loss_coef``)
@@ -253,7 +253,10 @@ class PolicyObjective:
                 metrics["moe/dropped_fraction"] = jnp.sum(router.dropped) / jnp.maximum(
                     jnp.sum(router.tokens) * model.cfg.num_experts_per_tok, 1.0)
             if self.routing_replay or self.router_mismatch:
-                metrics["moe/router_mismatch"] = router_mismatch(router, batch["routes"], batch["mask"])
+                # over the trained tokens (whose count weights each micro-batch's metrics: the
+                # step's average is then the whole batch's fraction)
+                trained = jnp.concatenate([jnp.zeros_like(m[:, :1]), m], axis=1)
+                metrics["moe/router_mismatch"] = router_mismatch(router, batch["routes"], trained)
         return (s + coupled if self.coupled else s), metrics
 
 

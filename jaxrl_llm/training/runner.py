@@ -103,19 +103,20 @@ def rl_recipe(cfg: RLRunConfig) -> RLRecipe:
     return build_recipe(cfg.recipe, num_samples=ro.num_samples, temperature=ro.temperature)
 
 
-def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe_routes: bool = False):
+def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe: bool = False):
     """``(plan, why)``: the run's Prefix Grouper layout (``train.shared_prefix``,
     :func:`jaxrl_llm.training.prefix.plan_shared_prefix`), or ``None`` and the reason it is off.
-    ``train.shared_prefix=true`` where it cannot hold is a :class:`ConfigError`. ``moe_routes``:
-    the update reads the sampler's expert routes (:func:`moe_routes`), which each row's own
-    forward pass replays or compares: off unless asked for."""
+    ``train.shared_prefix=true`` where it cannot hold is a :class:`ConfigError`. ``moe``: the
+    policy is a mixture of experts, whose update runs each row's own forward pass (it replays or
+    compares the sampler's routes and computes the routers' statistics): off unless asked for."""
     from jaxrl_llm.training.prefix import plan_shared_prefix
 
     want = cfg.train.shared_prefix
     if want is False:
         return None, "train.shared_prefix=false"
-    if (cfg.train.routing_replay or moe_routes) and want is None:
-        return None, "a mixture of experts: each row's own forward pass replays or compares the sampler's routes"
+    if (cfg.train.routing_replay or moe) and want is None:
+        return None, ("a mixture of experts: each row's own forward pass replays or compares the sampler's routes "
+                      "and computes the routers' statistics")
     clash = [k for k, part in (("recipe.allocator", rec.allocator), ("recipe.batch_filter", rec.batch_filter),
                                ("recipe.hints", rec.hints)) if part is not None]
     ppm = cfg.rollout.prompts_per_step * max(1, len(cfg.data.budgets))  # prompt groups per step
@@ -248,6 +249,9 @@ def _check_moe(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
     if (t.routing_replay or t.router_aux_coef) and not model_cfg.is_moe:
         raise ConfigError(f"train.routing_replay / train.router_aux_coef apply to a mixture of experts; the model "
                           f"({model_cfg.family}) has none")
+    if t.router_aux_coef and t.shared_prefix:
+        raise ConfigError("train.router_aux_coef needs each row's own forward pass (the routers' statistics); it "
+                          "cannot be combined with train.shared_prefix=true")
     if not t.routing_replay:
         return
     ok, why = moe_routes(cfg, rec, model_cfg)
@@ -277,7 +281,7 @@ def _check_mesh(cfg: RLRunConfig, rec: RLRecipe, model_cfg, n_devices: int) -> N
         raise ConfigError(f"each update has {per_update} rows, which must divide into optim.num_microbatches="
                           f"{cfg.optim.num_microbatches} micro-batches across data*fsdp*expert={batch_ways} devices")
     if m.tensor > 1:
-        for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+        for name in ("num_heads", "num_kv_heads", "moe_intermediate_size" if model_cfg.is_moe else "intermediate_size"):
             v = getattr(model_cfg, name)
             if v % m.tensor:
                 raise ConfigError(f"mesh.tensor={m.tensor} must divide model {name}={v}")
@@ -348,7 +352,7 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
         n_devices -= ro.sampler_devices
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.devices)
     _check_moe(cfg, rec, model_cfg)
-    prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.batch_ways, moe_routes(cfg, rec, model_cfg)[0])
+    prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.batch_ways, model_cfg.is_moe)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget
@@ -489,7 +493,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
         else:
             ref_params = jax.tree.map(lambda x: x.copy(), params)
     routes_ok = moe_routes(cfg, rec, s.base_cfg)[0]
-    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways if mesh is not None else 1, routes_ok)
+    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways if mesh is not None else 1, s.base_cfg.is_moe)
     log.info("train.shared_prefix: %s", f"on, blocks of {prefix.rows_per_prompt} rows" if prefix else f"off ({why})")
     rec = dataclasses.replace(rec, objective=dataclasses.replace(
         rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,

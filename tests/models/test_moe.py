@@ -104,3 +104,19 @@ def test_capacity_buffers_equal_dropless_when_nothing_drops_and_count_drops():
     n = 4 * 16 * cfg.num_experts_per_tok * cfg.num_layers
     assert 0.3 * n < float(jnp.sum(st.dropped)) < 0.8 * n
     assert float(jnp.abs(h - h0).max()) > 1e-3
+
+
+def test_padding_takes_no_expert_capacity():
+    """The same real tokens left- or right-padded: padding never fills an expert's buffer, so
+    the real tokens' outputs (and drops) do not depend on where the padding is."""
+    cfg = preset("tiny-moe", moe_capacity_factor=2.0)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    real = np.random.default_rng(3).integers(1, cfg.vocab_size, (2, 8))
+    left = np.zeros((2, 16), np.int32)
+    right = np.zeros((2, 16), np.int32)
+    left[:, 8:], right[:, :8] = real, real
+    lm, rm = left > 0, right > 0
+    hl, _, sl = model(jnp.asarray(left), jnp.asarray(lm), return_routing=True)
+    hr, _, sr = model(jnp.asarray(right), jnp.asarray(rm), return_routing=True)
+    assert float(jnp.abs(hl[:, 8:] - hr[:, :8]).max()) < 1e-5
+    assert float(jnp.sum(sl.dropped)) == float(jnp.sum(sr.dropped))
