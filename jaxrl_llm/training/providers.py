@@ -150,13 +150,13 @@ def _critic_values(graphdef, params, others, tokens, mask):
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tokens, mask):
+def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tokens, mask, routes=None):
     """``[N, L - 1]`` ``sum_v pi(v)^2`` of the temperature-scaled next-token distribution at
     each position (chunks of ``chunk_size`` positions: never ``[N, L, V]`` at once)."""
     from flax import nnx
 
     model = nnx.merge(graphdef, params, *others)
-    hidden, _ = model(tokens, mask)
+    hidden, _ = model(tokens, mask, routes=routes)
     h = hidden[:, :-1]
     w = model.unembedding()
     n, length, d = h.shape
@@ -174,7 +174,7 @@ def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tok
 
 
 @partial(jax.jit, static_argnums=(0,))
-def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask):
+def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask, routes=None):
     """``[N]`` per row, the L2 norm of the gradient of the row's response log-likelihood
     ``sum_t log pi(y_t)`` (temperature 1, over ``loss_mask``) with respect to the output
     projection ``W [D, V]``: ``|| sum_t h_t (onehot(y_t) - pi_t)^T ||`` from the final hidden
@@ -182,7 +182,7 @@ def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask):
     from flax import nnx
 
     model = nnx.merge(graphdef, params, *others)
-    hidden, _ = model(tokens, mask)
+    hidden, _ = model(tokens, mask, routes=routes)
     w = model.unembedding().astype(jnp.float32)
     cap = model.final_softcap
 
@@ -201,14 +201,21 @@ def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask):
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def policy_entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
+def policy_entropy(graphdef, chunk_size, temperature, params, others, tokens, mask, routes=None):
     """``[N, L - 1]`` entropy of the temperature-scaled next-token distribution at each position
     (chunked: never ``[N, L, V]`` at once)."""
     from flax import nnx
 
-    _, ent = policy_logprobs(nnx.merge(graphdef, params, *others), {"tokens": tokens, "mask": mask},
-                             chunk_size=chunk_size, temperature=temperature, with_entropy=True)
+    batch = {"tokens": tokens, "mask": mask} if routes is None else {"tokens": tokens, "mask": mask, "routes": routes}
+    _, ent = policy_logprobs(nnx.merge(graphdef, params, *others), batch, chunk_size=chunk_size,
+                             temperature=temperature, with_entropy=True, routing_replay=routes is not None)
     return jax.lax.stop_gradient(ent)
+
+
+def _replayed(tr, arrays: dict):
+    """The batch's sampler routes when the update replays them (a mixture of experts,
+    ``train.routing_replay``), so a provider's forward pass uses the same experts; else None."""
+    return arrays.get("routes") if tr.recipe.objective.routing_replay else None
 
 
 def _target(step: StepBatch, values: Any) -> np.ndarray:
@@ -235,7 +242,7 @@ def _gvm_stats(tr, step: StepBatch) -> None:
     policy that sampled them; stored per prompt key in the store's slot ``allocator/gvm``."""
     a = step.arrays
     gn = np.asarray(gather(policy_head_grad_norm(tr.graphdef, tr.state.params, tr.frozen, a["tokens"], a["mask"],
-                                                 a["loss_mask"])), np.float64)
+                                                 a["loss_mask"], _replayed(tr, a))), np.float64)
     gid, valid = np.asarray(a["group_ids"]), np.asarray(step.valid)
     passed = valid & (np.asarray(step.totals) >= tr.store.pass_threshold)
     slot = tr.store.slot(GVM_SLOT)
@@ -281,7 +288,7 @@ def _sum_pi_squared(tr, step: StepBatch) -> None:
     a = step.arrays
     obj = tr.recipe.objective
     sp = gather(policy_sum_pi_squared(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params,
-                                      tr.frozen, a["tokens"], a["mask"]))
+                                      tr.frozen, a["tokens"], a["mask"], _replayed(tr, a)))
     step.arrays["sum_pi_squared"] = _target(step, sp)
 
 
@@ -292,7 +299,7 @@ def _old_entropy(tr, step: StepBatch) -> None:
     a = step.arrays
     obj = tr.recipe.objective
     ent = gather(policy_entropy(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params, tr.frozen,
-                                a["tokens"], a["mask"]))
+                                a["tokens"], a["mask"], _replayed(tr, a)))
     step.arrays["old_entropy"] = _target(step, ent)
     cm = step.arrays["loss_mask"]
     step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
