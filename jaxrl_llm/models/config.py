@@ -311,15 +311,8 @@ def _rope_from_hf(hf) -> tuple[float, tuple]:
     legacy = getattr(hf, "rope_scaling", None)
     if not params and legacy:
         params = dict(legacy)
-    theta = params.pop("rope_theta", None) or getattr(hf, "rope_theta", None) or 10000.0
-    kind = params.get("rope_type", params.get("type", "default"))
-    params.pop("type", None)
-    params["rope_type"] = kind
-    if kind == "default":
-        return float(theta), ()
-    if kind not in ROPE_TYPES:
-        raise NotImplementedError(f"rope_type {kind!r} is not supported (supported: {ROPE_TYPES})")
-    return float(theta), tuple(sorted((k, v) for k, v in params.items() if v is not None))
+    params["rope_theta"] = params.get("rope_theta") or getattr(hf, "rope_theta", None)
+    return _rope_params(params)
 
 
 def from_hf_config(hf: Any, **overrides) -> ModelConfig:
@@ -390,15 +383,19 @@ def from_hf_config(hf: Any, **overrides) -> ModelConfig:
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt2", "gemma2", "gemma3_text")
 
 
-def _rope_params(params: dict, where: str) -> tuple[float, tuple]:
+def _rope_params(params: dict, where: str = "") -> tuple[float, tuple]:
+    """``(rope_theta, rope_scaling)`` of an HF ``rope_parameters`` dict (``rope_type`` or the
+    legacy ``type``; theta 10000 when absent)."""
     params = dict(params)
     theta = params.pop("rope_theta", None) or 10000.0
-    kind = params.pop("type", None) or params.get("rope_type", "default")
+    kind = params.get("rope_type", params.get("type", "default"))
+    params.pop("type", None)
     params["rope_type"] = kind
     if kind == "default":
         return float(theta), ()
     if kind not in ROPE_TYPES:
-        raise NotImplementedError(f"{where}: rope_type {kind!r} is not supported (supported: {ROPE_TYPES})")
+        raise NotImplementedError(f"{where + ': ' if where else ''}rope_type {kind!r} is not supported "
+                                  f"(supported: {ROPE_TYPES})")
     return float(theta), tuple(sorted((k, v) for k, v in params.items() if v is not None))
 
 
