@@ -168,7 +168,10 @@ DOCUMENTED_PLANS = {
 @pytest.mark.parametrize("name", list(DOCUMENTED_PLANS))
 def test_documented_plans_replicate_no_tensor(name):
     cmd = [sys.executable, "-m", "jaxrl_llm", "plan", *DOCUMENTED_PLANS[name].split(), "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=1800)
+    env = _env()
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a cached executable compiles nothing and warns of nothing
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # the plan command hides XLA's warnings (level 2) unless this is set
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stderr.splitlines() if FALLBACK in ln]
     assert not lines, f"{len(lines)} fallbacks, the first: {lines[0][:1500]}"
