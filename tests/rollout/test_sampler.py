@@ -54,6 +54,10 @@ def test_greedy_equals_transformers_generate(arch, unroll, tmp_path):
     assert got == ref
     assert [int(x) for x in out.lengths] == [len(r) for r in ref]
     assert [bool(x) for x in out.stopped] == [r[-1] == eos for r in ref]
+    # eos disabled: all 12 tokens of every row, as transformers' generate without an eos
+    cfg = SamplingConfig(max_new_tokens=12, greedy=True, stop_token_ids=(), pad_token_id=0)
+    out = Sampler(gd, cfg, length_buckets=(8,), unroll_layers=unroll)(params, PROMPTS, jax.random.key(0))
+    assert [list(np.asarray(r)) for r in out.tokens] == free and all(len(r) == 12 for r in free)
 
 
 def test_warpers_equal_transformers():
