@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_llm.core import stats as core_stats
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, constrain_lookup, state_shardings
 
@@ -366,8 +367,7 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
             sc = jnp.einsum("urkqd,ukds->urkqs", qg.reshape(b // r, r, kh, g * t, dh), k,
                             preferred_element_type=jnp.float32).reshape(b, kh, g * t, -1) * scale
             k_valid = jnp.repeat(k_valid, r, axis=0)
-        if softcap is not None:
-            sc = softcap * jnp.tanh(sc / softcap)
+        sc = softcap_logits(sc, softcap)
         allowed = (k_slot[None, None, :] <= q_slot[None, :, None]) & k_valid[:, None, :]  # [B, T, S]
         if window is not None:
             win = jnp.asarray(window)
@@ -452,7 +452,7 @@ class MoE(nnx.Module):
 
     def __call__(self, x, mask, replay=None):
         b, t, d = x.shape
-        n, k, dt = b * t, self.k, self.dtype
+        n, k = b * t, self.k
         xf = x.reshape(n, d)
         probs = jax.nn.softmax(self.router(xf).astype(jnp.float32), axis=-1)  # [n, E]
         top_w, top_i = jax.lax.top_k(probs, k)
@@ -487,8 +487,14 @@ class MoE(nnx.Module):
             return jax.lax.ragged_dot(a, wt.astype(dt), sizes, preferred_element_type=jnp.float32)
 
         hid = (_act(self.act)(rdot(xs, self.gate[...])) * rdot(xs, self.up[...])).astype(dt)
-        y = rdot(hid, self.down[...]).astype(dt) * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
-        y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, d)
+        return self._combine(rdot(hid, self.down[...]).astype(dt), order, w)
+
+    def _combine(self, y, order, w):
+        """Expert outputs ``y [n * k, D]`` in expert-sorted ``order``: weighted by the routing
+        weights ``w [n, k]``, back in token order and summed over each token's k experts."""
+        k, dt = self.k, self.dtype
+        y = y * jnp.take(w.reshape(-1), order).astype(dt)[:, None]
+        y = jnp.zeros_like(y).at[order].set(y).reshape(-1, k, y.shape[-1])
         return jnp.sum(y.astype(jnp.float32), axis=1).astype(dt)
 
     def _capacity(self, x, chosen, w, real):
@@ -527,10 +533,8 @@ class MoE(nnx.Module):
         out = constrain(out.transpose(1, 0, 2, 3), ("act_batch", None, None, "act_embed"))
 
         def combine(o, order_r, slot_r, w_r):
-            y = jnp.take(o.reshape(e * cap, d), slot_r, axis=0, mode="fill", fill_value=0)
-            y = y * jnp.take(w_r.reshape(-1), order_r).astype(dt)[:, None]
-            y = jnp.zeros_like(y).at[order_r].set(y).reshape(t, k, d)
-            return jnp.sum(y.astype(jnp.float32), axis=1).astype(dt)
+            return self._combine(jnp.take(o.reshape(e * cap, d), slot_r, axis=0, mode="fill", fill_value=0),
+                                 order_r, w_r)
 
         y = jax.vmap(combine)(out, order, slot, w)
         lost = jnp.where(keep, 0.0, jnp.take_along_axis(real, order // k, axis=1))
@@ -554,8 +558,7 @@ def router_mismatch(stats: RouterStats, replayed: jax.Array, mask: jax.Array) ->
     own = jnp.sort(jnp.moveaxis(stats.choice, 0, 2), axis=-1)  # [B, T, L, k]
     rep = jnp.sort(jnp.asarray(replayed, jnp.int32), axis=-1)
     differ = jnp.any(own != rep, axis=-1).astype(jnp.float32)  # [B, T, L]
-    m = jnp.asarray(mask).astype(jnp.float32)[:, :, None] * jnp.ones_like(differ)
-    return jnp.sum(differ * m) / jnp.maximum(jnp.sum(m), 1.0)
+    return core_stats.masked_mean(differ, jnp.broadcast_to(jnp.asarray(mask, bool)[:, :, None], differ.shape))
 
 
 class Block(nnx.Module):
@@ -786,7 +789,7 @@ class Transformer(nnx.Module):
                 if cache is None:
                     return [(k, v, slots, mask, seg)]
                 k, v = k.astype(layer_k.dtype), v.astype(layer_v.dtype)
-                if per_layer and cache.ring_slots is not None and layer_v.shape[2] == ring_w and int(win) > 0:
+                if per_layer and cache.ring_slots is not None and win > 0:
                     # a sliding-window layer's ring of W slots (slot s at position s % W)
                     if t == 1:  # decoding: write first (in place), then read the ring, the new token included
                         k = _write(layer_k, k, (0, 0, 0, ring_pos[0]))

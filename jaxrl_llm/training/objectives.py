@@ -250,8 +250,8 @@ class PolicyObjective:
             if self.router_aux_coef:  # a per-(micro-)batch scalar, weighted like the batch's share of the loss
                 s = s + self.router_aux_coef * lb * jax.lax.stop_gradient(self.weight(batch))
             if model.cfg.moe_capacity_factor is not None:  # assignments that found their expert full
-                metrics["moe/dropped_fraction"] = jnp.sum(router.dropped) / jnp.maximum(
-                    jnp.sum(router.tokens) * model.cfg.num_experts_per_tok, 1.0)
+                metrics["moe/dropped_fraction"] = stats.safe_divide(
+                    jnp.sum(router.dropped), jnp.sum(router.tokens) * model.cfg.num_experts_per_tok)
             if self.routing_replay or self.router_mismatch:
                 # over the trained tokens (whose count weights each micro-batch's metrics: the
                 # step's average is then the whole batch's fraction)
