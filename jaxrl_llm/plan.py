@@ -473,18 +473,11 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     ``overrides``: PlanSpec fields (``chip``, ``hbm_gib``, ...). Not planned: LoRA's smaller
     optimiser state (the plan counts every parameter as trained)."""
     from jaxrl_llm.training.loading import model_config
-    from jaxrl_llm.training.runner import rl_recipe, shared_prefix_plan
+    from jaxrl_llm.training.runner import rl_recipe, update_objective
 
     rec = rl_recipe(cfg)
-    from jaxrl_llm.training.runner import moe_routes
-
     mcfg = model_config(cfg.model)
-    routes, _ = moe_routes(cfg, rec, mcfg)
-    prefix, _ = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways, mcfg.is_moe)  # the update the run compiles
-    rec = dataclasses.replace(rec, objective=dataclasses.replace(
-        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
-        routing_replay=bool(cfg.train.routing_replay), router_mismatch=routes,
-        router_aux_coef=float(cfg.train.router_aux_coef)))
+    rec, _, _ = update_objective(cfg, rec, mcfg, cfg.mesh.batch_ways)  # the update the run compiles
     ro = cfg.rollout
     # the longest prompt the run can see, padded to its bucket as the sampler pads it
     longest = min(max(ro.prompt_buckets), cfg.data.max_prompt_tokens)

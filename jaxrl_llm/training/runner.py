@@ -240,6 +240,19 @@ def moe_routes(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> tuple[bool, str]:
     return not why, why
 
 
+def update_objective(cfg: RLRunConfig, rec: RLRecipe, model_cfg, batch_ways: int):
+    """``(recipe, shared-prefix plan or None, why it is off)``: the recipe with the objective the
+    run's update compiles (``train.*``: the shared prefix, routing replay, the router mismatch
+    metric where the sampler's routes are at hand, the load-balancing weight). The runner and
+    the planner (:func:`jaxrl_llm.plan.plan_spec_of`) both build it here."""
+    prefix, why = shared_prefix_plan(cfg, rec, batch_ways, model_cfg.is_moe)
+    rec = dataclasses.replace(rec, objective=dataclasses.replace(
+        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
+        routing_replay=bool(cfg.train.routing_replay), router_mismatch=moe_routes(cfg, rec, model_cfg)[0],
+        router_aux_coef=float(cfg.train.router_aux_coef)))
+    return rec, prefix, why
+
+
 def _check_moe(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
     """``train.routing_replay`` / ``train.router_aux_coef`` need a mixture of experts, and replay
     needs the sampler's routes of every trained row."""
@@ -492,13 +505,8 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             ref_params = to_host_memory(params)
         else:
             ref_params = jax.tree.map(lambda x: x.copy(), params)
-    routes_ok = moe_routes(cfg, rec, s.base_cfg)[0]
-    prefix, why = shared_prefix_plan(cfg, rec, cfg.mesh.batch_ways if mesh is not None else 1, s.base_cfg.is_moe)
+    rec, prefix, why = update_objective(cfg, rec, s.base_cfg, cfg.mesh.batch_ways if mesh is not None else 1)
     log.info("train.shared_prefix: %s", f"on, blocks of {prefix.rows_per_prompt} rows" if prefix else f"off ({why})")
-    rec = dataclasses.replace(rec, objective=dataclasses.replace(
-        rec.objective, rows_per_prompt=prefix.rows_per_prompt if prefix else 0,
-        routing_replay=bool(cfg.train.routing_replay), router_mismatch=routes_ok,
-        router_aux_coef=float(cfg.train.router_aux_coef)))
     train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step * cfg.rollout.candidates,
