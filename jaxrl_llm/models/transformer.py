@@ -317,8 +317,13 @@ class Norm(nnx.Module):
 
 
 def softcap_logits(z: jax.Array, cap: float | None) -> jax.Array:
-    """``cap * tanh(z / cap)`` (Gemma 2's final-logit soft-capping), or ``z`` when ``cap`` is None."""
-    return z if cap is None else cap * jnp.tanh(z / cap)
+    """``cap * tanh(z / cap)`` (Gemma 2's attention and final-logit soft-capping), or ``z`` when
+    ``cap`` is None."""
+    if cap is None:
+        return z
+    if not cap > 0:
+        raise ValueError(f"softcap_logits: cap must be > 0 or None, got {cap!r}")
+    return cap * jnp.tanh(z / cap)
 
 
 def _rotate(x, cos, sin):
