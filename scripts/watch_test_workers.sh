@@ -12,22 +12,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG=${LOG:-$(mktemp -t test-workers.XXXXXX)}
-.venv/bin/python -m pytest -n 2 --dist loadfile --max-worker-restart=0 "$@" &
-PYTEST=$!
-while kill -0 "$PYTEST" 2>/dev/null; do
-  line="$(date +%T) used_mb=$(free -m | awk '/Mem:/{print $3}')"
-  for p in $(pgrep -f "pytest-xdist" || true); do
-    maps=$(wc -l < "/proc/$p/maps" 2>/dev/null || echo 0)
-    rss=$(awk '/VmRSS/{print int($2/1024)}' "/proc/$p/status" 2>/dev/null || echo 0)
-    line="$line worker=$p maps=$maps rss_mb=$rss"
+
+sample() {  # every 5 s: used memory, and each worker's mappings and RSS
+  local parent=$1
+  while kill -0 "$parent" 2>/dev/null; do
+    local line="$(date +%T) used_mb=$(free -m | awk '/Mem:/{print $3}')"
+    # the xdist workers are the pytest controller's children (execnet starts them)
+    for p in $(pgrep -P "$(pgrep -P "$parent" -x python | head -1)" 2>/dev/null || true); do
+      local maps rss
+      maps=$({ wc -l < "/proc/$p/maps"; } 2>/dev/null || echo 0)
+      rss=$({ awk '/VmRSS/{print int($2/1024)}' "/proc/$p/status"; } 2>/dev/null || echo 0)
+      line="$line worker=$p maps=$maps rss_mb=$rss"
+    done
+    echo "$line" >> "$LOG"
+    sleep 5
   done
-  echo "$line" >> "$LOG"
-  sleep 5
-done
-set +e
-wait "$PYTEST"
-rc=$?
-set -e
+}
+
+# pytest in the foreground (Ctrl-C stops it), the sampler in the background
+sample $$ &
+SAMPLER=$!
+rc=0
+.venv/bin/python -m pytest -n 2 --dist loadfile --max-worker-restart=0 "$@" || rc=$?
+kill "$SAMPLER" 2>/dev/null || true
 echo "samples: $LOG (vm.max_map_count $(cat /proc/sys/vm/max_map_count))"
 awk '{for (i = 1; i <= NF; i++) {split($i, kv, "="); v = kv[2] + 0
         if (kv[1] == "maps" && v > m) m = v; if (kv[1] == "used_mb" && v > u) u = v
