@@ -39,6 +39,7 @@ LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 REMAT = ("none", "full", "dots")
+ATTENTION = ("auto", "dense", "blockwise", "splash", "cudnn")  # jaxrl_llm.models.attn.IMPLEMENTATIONS
 DTYPES = ("float32", "bfloat16", "float16")
 
 # transformers' activation names -> ours
@@ -83,7 +84,10 @@ class ModelConfig:
     ``num_kv_heads`` = ``num_key_value_heads``, ...). Execution fields: ``param_dtype``
     (storage), ``dtype`` (activations and matmul inputs; norms, softmax and logits are
     computed in float32), ``remat`` (``"none"``, ``"full"`` recompute of each layer in the
-    backward pass, ``"dots"``: keep matmul outputs only), ``lora``.
+    backward pass, ``"dots"``: keep matmul outputs only), ``attention`` (the implementation of
+    the attention call, :mod:`jaxrl_llm.models.attn`: ``"auto"``, ``"dense"``, ``"blockwise"``,
+    ``"splash"``, ``"cudnn"``) with ``attention_block`` (query and key block of ``blockwise`` and
+    ``splash``), ``lora``.
     """
 
     family: str = "llama"
@@ -133,6 +137,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: str = "none"
+    attention: str = "auto"
+    attention_block: int = 512
     lora: LoRAConfig | None = None
 
     def __post_init__(self):
@@ -154,6 +160,9 @@ class ModelConfig:
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
         need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
         need(self.remat in REMAT, "remat", f"must be one of {REMAT}")
+        need(self.attention in ATTENTION, "attention", f"must be one of {ATTENTION}")
+        need(isinstance(self.attention_block, (int, np.integer)) and self.attention_block >= 1, "attention_block",
+             "must be a positive int")
         object.__setattr__(self, "rope_scaling", tuple(sorted(tuple(p) for p in self.rope_scaling)))
         rtype = dict(self.rope_scaling).get("rope_type", "default")
         need(rtype in ROPE_TYPES, "rope_scaling", f"has rope_type {rtype!r}; supported: {ROPE_TYPES}")

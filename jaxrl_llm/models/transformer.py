@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.core import stats as core_stats
+from jaxrl_llm.models.attn import attention, softcap_logits
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, constrain_lookup, state_shardings
 
@@ -62,9 +63,6 @@ __all__ = [
     "trainable",
     "init_sharded",
 ]
-
-_NEG = -1e30  # additive mask value: finite, so fully masked rows stay NaN-free
-
 
 class LoRAParam(nnx.Variable):
     """LoRA adapter weights: with LoRA on, these are the only trainable variables."""
@@ -316,85 +314,10 @@ class Norm(nnx.Module):
         return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
 
 
-def softcap_logits(z: jax.Array, cap: float | None) -> jax.Array:
-    """``cap * tanh(z / cap)`` (Gemma 2's attention and final-logit soft-capping), or ``z`` when
-    ``cap`` is None."""
-    if cap is None:
-        return z
-    if not cap > 0:
-        raise ValueError(f"softcap_logits: cap must be > 0 or None, got {cap!r}")
-    return cap * jnp.tanh(z / cap)
-
-
 def _rotate(x, cos, sin):
     half = x.shape[-1] // 2
     rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rot * sin).astype(x.dtype)
-
-
-def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=None):
-    """Grouped-query attention over one or more key/value *parts*, with one joint softmax.
-
-    Causal, padding, segment and sliding-window masks are applied per part. Decoding uses two
-    parts (the cached keys and the new ones), so the cache is read in place and never
-    rewritten inside a layer.
-
-    Args:
-      q: ``[B, T, H, Dh]``; query head ``k * G + g`` uses key head ``k`` (``G = H / K``).
-      parts: sequence of ``(k, v, k_slot, k_valid, k_seg)`` with keys transposed,
-        ``k: [B, K, Dh, S]``, and ``v: [B, K, S, Dh]``,
-        ``k_slot: [S]`` slot indices (causal: ``k_slot <= q_slot``), ``k_valid: [B, S]`` real
-        tokens, ``k_seg: [B, S]`` segment ids or None. A sixth entry ``r > 1`` marks keys
-        shared by ``r`` consecutive query rows (a shared prefix): ``k``, ``v`` and ``k_valid``
-        then have ``B / r`` rows, and query row ``i`` reads key row ``i // r`` (never copied).
-      q_slot: ``[T]`` slot index of each query.
-      window: scalar int, 0 = none; else keys with ``k_slot <= q_slot - window`` are hidden
-        (HF's ``sliding_window`` convention). q_seg: ``[B, T]`` segment ids or None.
-      scale: score multiplier (default ``Dh ** -0.5``). softcap: scores ``c * tanh(s / c)``
-        after scaling and before masking (Gemma 2), or None.
-
-    Returns:
-      ``[B, T, H, Dh]`` in the values' dtype. Queries with no visible key (padding) get a
-      finite average of the values; callers mask them.
-    """
-    b, t, h, dh = q.shape
-    kh = parts[0][0].shape[1]
-    g = h // kh
-    scale = dh ** -0.5 if scale is None else scale
-    qg = q.reshape(b, t, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, dh)
-    scores, sizes = [], []
-    for part in parts:
-        k, _, k_slot, k_valid, k_seg = part[:5]
-        r = part[5] if len(part) > 5 else 1
-        if r == 1:
-            sc = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
-        else:  # one key row per r query rows: the queries of those rows meet it in one product
-            sc = jnp.einsum("urkqd,ukds->urkqs", qg.reshape(b // r, r, kh, g * t, dh), k,
-                            preferred_element_type=jnp.float32).reshape(b, kh, g * t, -1) * scale
-            k_valid = jnp.repeat(k_valid, r, axis=0)
-        sc = softcap_logits(sc, softcap)
-        allowed = (k_slot[None, None, :] <= q_slot[None, :, None]) & k_valid[:, None, :]  # [B, T, S]
-        if window is not None:
-            win = jnp.asarray(window)
-            allowed &= (win <= 0) | (k_slot[None, None, :] > q_slot[None, :, None] - win)
-        if q_seg is not None:
-            allowed &= q_seg[:, :, None] == k_seg[:, None, :]
-        allowed = jnp.broadcast_to(allowed[:, None, None], (b, 1, g, t, k.shape[3])).reshape(b, 1, g * t, -1)
-        scores.append(jnp.where(allowed, sc, _NEG))
-        sizes.append(k.shape[3])
-    p = jax.nn.softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0], axis=-1)
-    out, start = None, 0
-    for part, size in zip(parts, sizes):
-        v, r = part[1], (part[5] if len(part) > 5 else 1)
-        ps = p[..., start:start + size].astype(v.dtype)
-        if r == 1:
-            pv = jnp.einsum("bkqs,bksd->bkqd", ps, v, preferred_element_type=jnp.float32)
-        else:
-            pv = jnp.einsum("urkqs,uksd->urkqd", ps.reshape(b // r, r, kh, g * t, size), v,
-                            preferred_element_type=jnp.float32).reshape(b, kh, g * t, dh)
-        out = pv if out is None else out + pv
-        start += size
-    return out.reshape(b, kh, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(parts[0][1].dtype)
 
 
 class RouterStats(NamedTuple):
@@ -594,6 +517,10 @@ class Block(nnx.Module):
         self.rope = cfg.position == "rope"
         self.attn_scale = None if cfg.query_pre_attn_scalar is None else cfg.attn_scale
         self.attn_softcap = cfg.attn_softcap
+        # the attention implementation (models/attn.py) and what it needs to know statically
+        # (a tuple of pairs: a module's static attributes are part of its hashable graph)
+        self.attn_impl = (("impl", cfg.attention), ("block_q", cfg.attention_block),
+                          ("block_k", cfg.attention_block), ("static_window", cfg.sliding_window))
 
     def __call__(self, x, cos, sin, kv_parts, moe_mask=None, replay=None, **attn_kw):
         hn = self.attn_norm(x)
@@ -608,7 +535,7 @@ class Block(nnx.Module):
             attn_kw["scale"] = self.attn_scale
         if self.attn_softcap is not None:
             attn_kw["softcap"] = self.attn_softcap
-        a = attention(q, kv_parts(k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)), **attn_kw)
+        a = attention(q, kv_parts(k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)), **attn_kw, **dict(self.attn_impl))
         a = self.o(a)
         if self.post_attn_norm is not None:
             a = self.post_attn_norm(a)
@@ -743,15 +670,15 @@ class Transformer(nnx.Module):
 
         slots = jnp.arange(t)
         seg = None if segment_ids is None else jnp.asarray(segment_ids)
-        attn_kw = dict(q_seg=seg)
+        attn_kw = dict(q_seg=seg, q_valid=mask)
         # slots of the cache follow the shared prompt's P slots when both are given
         p_len = prefix.valid.shape[1] if prefix is not None else 0
 
         def after_prefix(x):  # the same program as before when there is no prefix
             return p_len + x if p_len else x
 
-        if cache is None:
-            attn_kw["q_slot"] = after_prefix(slots)
+        if cache is None:  # static slots (an int start): what lets splash attention build its masks
+            attn_kw["q_slot"] = p_len
         else:
             attn_kw["q_slot"] = after_prefix(cache.index + slots)
             per_layer = isinstance(cache.k, (tuple, list))
@@ -784,15 +711,14 @@ class Transformer(nnx.Module):
 
             def kv_parts(k, v):  # k: [B, K, Dh, T], v: [B, K, T, Dh]
                 if prefix is not None and cache is None:  # layer_k / layer_v: this layer's prompt keys/values
-                    return [(layer_k, layer_v, jnp.arange(p_len), prefix.valid, None, rows_per_prefix),
-                            (k, v, p_len + slots, mask, None)]
+                    return [(layer_k, layer_v, 0, prefix.valid, None, rows_per_prefix), (k, v, p_len, mask, None)]
                 # decoding continuations of shared prompts: the prompt part, read once per prompt
                 shared = [] if prefix is None else [(pre_k, pre_v, jnp.arange(p_len), prefix.valid, None,
                                                      rows_per_prefix)]
                 if _collect_prefix:
                     new.extend([k, v])
                 if cache is None:
-                    return [(k, v, slots, mask, seg)]
+                    return [(k, v, 0, mask, seg)]
                 k, v = k.astype(layer_k.dtype), v.astype(layer_v.dtype)
                 if per_layer and cache.ring_slots is not None and win > 0:
                     # a sliding-window layer's ring of W slots (slot s at position s % W)
