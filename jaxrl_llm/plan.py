@@ -37,8 +37,8 @@ import math
 import time
 from typing import Any
 
-__all__ = ["Chip", "CHIPS", "PlanSpec", "plan", "format_plan", "check_spec", "plan_spec_of", "active_params",
-           "attended_pairs"]
+__all__ = ["Chip", "CHIPS", "PlanSpec", "Target", "parse_target", "target_devices", "plan", "format_plan",
+           "check_spec", "plan_spec_of", "active_params", "attended_pairs"]
 
 GiB = 2**30
 
@@ -72,13 +72,16 @@ class PlanSpec:
       model: a :data:`jaxrl_llm.models.PRESETS` name, or a ``ModelConfig``.
       mesh: ``(data, fsdp, tensor)``, or ``(data, fsdp, tensor, expert)`` for a mixture of
         experts (its stacked experts split over ``expert``, the batch over data x fsdp x expert).
+      context: context parallelism: each row's tokens split over a ``context`` mesh axis of this
+        size (``1``: none); the mesh then has ``prod(mesh) * context`` devices.
       rows: global rows of one train step (prompts x samples), split over data x fsdp (x expert).
       seq_len: tokens per training row (prompt + completion).
       num_microbatches: gradient-accumulation slices of the step.
       prompts, num_samples, prompt_len, new_tokens: the sampler's batch (``prompts`` global
         prompts, each sampled ``num_samples`` times) and lengths. ``prompts=0``: skip it.
-      param_dtype, dtype, remat, moe_capacity_factor: override the model's execution settings
-        (``None``: keep; the capacity factor of a mixture of experts' expert buffers).
+      param_dtype, dtype, remat, moe_capacity_factor, attention: override the model's execution
+        settings (``None``: keep; the capacity factor of a mixture of experts' expert buffers; the
+        attention implementation, ``"auto"`` resolved for the target's platform).
       optimizer: ``"adamw"`` (two moments like the parameters) or ``"sgd"`` (none).
       reference: the frozen reference policy of a KL recipe: ``"none"``, ``"device"`` (a
         second copy of the parameters, sharded like them, resident in device memory through
@@ -91,10 +94,18 @@ class PlanSpec:
       critic: also plan PPO's critic: a copy of the model with a one-output score head, its own
         optimiser state and its own train step (``critic_objective``, default PPO's clipped value
         loss) on the same rows. Each model's state stays resident while the other one's step runs.
+      target: compile for these chips instead of this host's devices (:func:`parse_target`:
+        ``"tpu-v5e:8x8"``, ``"v5p-16"``, ... with libtpu installed, which compiles for a TPU
+        topology on a CPU host; ``"h100:8"``); the report then says whether the program fits the
+        chip's memory as the chip's own compiler counts it.
+      whole_loop_cost: also compile 1- and 2-layer copies of the step, so that FLOPs, bytes and
+        the compiler's time estimate count every trip of the layer scan (XLA's cost analysis
+        counts a loop body once): ``cost = c1 + (L - 1) (c2 - c1)``. ``None``: on with a target.
     """
 
     model: Any = "smollm2-135m"
     mesh: tuple[int, ...] = (1, 1, 1)
+    context: int = 1
     rows: int = 8
     seq_len: int = 256
     num_microbatches: int = 1
@@ -106,6 +117,7 @@ class PlanSpec:
     dtype: str | None = None
     remat: str | None = None
     moe_capacity_factor: float | None = None
+    attention: str | None = None
     optimizer: str = "adamw"
     reference: str = "none"
     chip: str | None = None
@@ -115,22 +127,33 @@ class PlanSpec:
     objective: Any = None
     critic: bool = False
     critic_objective: Any = None
+    target: str | None = None
+    whole_loop_cost: bool | None = None
 
     def model_config(self):
         from jaxrl_llm.models import ModelConfig, preset
 
         cfg = self.model if isinstance(self.model, ModelConfig) else preset(str(self.model))
-        over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat", "moe_capacity_factor")
+        over = {k: getattr(self, k) for k in ("param_dtype", "dtype", "remat", "moe_capacity_factor", "attention")
                 if getattr(self, k) is not None}
         return cfg.replace(**over) if over else cfg
 
     @property
     def mesh_axes(self) -> tuple[str, ...]:
-        return ("data", "fsdp", "tensor", "expert")[:len(self.mesh)]
+        return ("data", "fsdp", "tensor", "expert")[:len(self.mesh)] + (("context",) if self.context > 1 else ())
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The mesh's shape: ``mesh`` plus the ``context`` axis when it is larger than 1."""
+        return tuple(self.mesh) + ((self.context,) if self.context > 1 else ())
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh_shape)
 
     @property
     def batch_ways(self) -> int:
-        """Ways the batch is split: data x fsdp (x expert)."""
+        """Ways the batch is split: data x fsdp (x expert); the context axis splits each row."""
         return math.prod(self.mesh) // self.mesh[2]
 
     def chip_numbers(self) -> Chip | None:
@@ -141,6 +164,97 @@ class PlanSpec:
             return None
         return Chip(base.name if base else "custom", self.peak_tflops or base.peak_tflops,
                     self.hbm_gib or (base.hbm_gib if base else float("nan")), self.hbm_gbs or base.hbm_gbs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Chips to compile for (:func:`parse_target`).
+
+    Attributes:
+      name: as given. platform: ``"tpu"`` or ``"gpu"``. topology: the topology name
+        ``jax.experimental.topologies.get_topology_desc`` takes (``"v5e:8x8"``, ``"1x1x8"``).
+      chip: the :data:`CHIPS` entry of one device. devices: how many devices it has.
+      usable_hbm_gib: the memory the chip's compiler lets one program use (what it reports as
+        "available HBM" when it refuses one), ``None`` where not measured.
+    """
+
+    name: str
+    platform: str
+    topology: str
+    chip: str
+    devices: int
+    usable_hbm_gib: float | None = None
+
+
+# TPU generations: (CHIPS key, devices per chip as libtpu counts them, usable HBM per device in GiB
+# as the TPU compiler reports it when it refuses a program (measured with libtpu 0.0.52),
+# TensorCores per chip for Cloud TPU names such as "v5p-16")
+_TPU = {"v4": ("tpu-v4", 2, 15.25, 2), "v5e": ("tpu-v5e", 1, 15.75, 1), "v5litepod": ("tpu-v5e", 1, 15.75, 1),
+        "v5p": ("tpu-v5p", 1, 95.74, 2), "v6e": ("tpu-v6e", 1, 31.25, 1)}
+# chips -> the slice shape of Cloud TPU's accelerator types (2-D for v5e/v6e, 3-D for v4/v5p)
+_SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+              512: "8x8x8"}
+_GPUS = {"h100": "h100-sxm", "a100": "a100-80gb"}
+
+
+def parse_target(name: str) -> Target:
+    """A :class:`Target` from ``tpu-<gen>:<topology>`` (``tpu-v5e:8x8``, ``tpu-v5p:2x2x2``; the
+    ``tpu-`` prefix is optional), a Cloud TPU accelerator type (``v5e-64``: 64 chips; ``v5p-16`` and
+    ``v4-16``: 16 TensorCores, i.e. 8 chips), or ``<gpu>:<count>`` (``h100:8``)."""
+    import re
+
+    raw = str(name).strip().lower()
+    n = raw[4:] if raw.startswith("tpu-") else raw
+    m = re.fullmatch(r"(v4|v5e|v5litepod|v5p|v6e):(\d+(?:x\d+){1,2})", n)
+    if m:
+        gen, topo = m.group(1), m.group(2)
+        chip, per_chip, hbm, _ = _TPU[gen]
+        chips = math.prod(int(x) for x in topo.split("x"))
+        return Target(str(name), "tpu", f"{'v5e' if gen == 'v5litepod' else gen}:{topo}", chip, chips * per_chip, hbm)
+    m = re.fullmatch(r"(v4|v5e|v5litepod|v5p|v6e)-(\d+)", n)
+    if m:
+        gen, cores = m.group(1), int(m.group(2))
+        chip, per_chip, hbm, tc = _TPU[gen]
+        if cores % tc:
+            raise ValueError(f"target {name!r}: a {gen} slice counts {tc} TensorCores per chip")
+        chips = cores // tc
+        shapes = _SHAPES_3D if gen in ("v4", "v5p") else _SHAPES_2D
+        if chips not in shapes:
+            raise ValueError(f"target {name!r}: no standard {gen} slice of {chips} chips (known: "
+                             f"{', '.join(f'{gen}-{c * tc}' for c in shapes)}); give the topology, e.g. "
+                             f"tpu-{gen}:{next(iter(shapes.values()))}")
+        return Target(str(name), "tpu", f"{'v5e' if gen == 'v5litepod' else gen}:{shapes[chips]}", chip,
+                      chips * per_chip, hbm)
+    m = re.fullmatch(r"(h100|a100):(\d+)", n)
+    if m:
+        count = int(m.group(2))
+        return Target(str(name), "gpu", f"1x1x{count}", _GPUS[m.group(1)], count, None)
+    raise ValueError(f"unknown target {name!r}: use tpu-<v4|v5e|v5p|v6e>:<topology> (e.g. tpu-v5e:8x8), a Cloud "
+                     "TPU type (v5e-64, v5p-16) or h100:<gpus>")
+
+
+def target_devices(target: Target | str) -> list:
+    """The devices of ``target``'s topology, to compile for on this host (nothing runs on them).
+    TPU: needs libtpu (``pip install "jax[tpu]"``; ``bash scripts/setup_tpu_compiler.sh`` makes
+    ``.venv-tpu``). GPU: ``jax-cuda12-plugin`` with an XLA target description (see docs/scaling.md)."""
+    from jaxrl_llm.models.attn import target_platform  # noqa: F401  (imports jax)
+    from jax.experimental import topologies
+
+    t = parse_target(target) if isinstance(target, str) else target
+    if t.platform == "tpu":
+        try:
+            import libtpu  # noqa: F401
+        except ImportError:
+            raise ValueError(f"target {t.name}: compiling for TPUs needs libtpu in this Python environment "
+                             "(pip install 'jax[tpu]', or bash scripts/setup_tpu_compiler.sh and run "
+                             ".venv-tpu/bin/jaxrl-llm)") from None
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=t.topology).devices)
+    return _gpu_devices(t)
+
+
+def _gpu_devices(t: Target) -> list:
+    raise ValueError(f"target {t.name}: compiling for GPUs on this host is not set up (see docs/scaling.md)")
 
 
 def _shard_bytes(tree: Any, shardings: Any) -> int:
@@ -183,6 +297,12 @@ def check_spec(spec: PlanSpec) -> None:
         raise ValueError(f"PlanSpec.optimizer must be 'adamw' or 'sgd', got {spec.optimizer!r}")
     if spec.seq_len < 2:
         raise ValueError(f"PlanSpec.seq_len must be >= 2, got {spec.seq_len}")
+    if not (isinstance(spec.context, int) and spec.context >= 1):
+        raise ValueError(f"PlanSpec.context must be an int >= 1, got {spec.context!r}")
+    if spec.seq_len % spec.context:
+        raise ValueError(f"PlanSpec.context={spec.context} must divide the sequence length seq_len={spec.seq_len}")
+    if spec.target is not None:
+        parse_target(spec.target)
     if spec.seq_len > cfg.max_position_embeddings or spec.prompt_len + spec.new_tokens > cfg.max_position_embeddings:
         raise ValueError(f"PlanSpec: sequence lengths exceed the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings}")
@@ -212,7 +332,8 @@ def _cost(compiled) -> dict:
     if isinstance(ca, (list, tuple)):
         ca = ca[0] if ca else {}
     ca = ca or {}
-    return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0))}
+    out = {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0))}
+    return out
 
 
 def _memory(compiled) -> dict:
@@ -267,6 +388,55 @@ def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, m
     return compiled, st_sh, b_sh, report
 
 
+def _is_oom(e: Exception) -> bool:
+    """Whether a compile error is the compiler refusing a program for its memory (MaxText's test)."""
+    msg = str(e)
+    return "RESOURCE_EXHAUSTED" in msg or "exceeds available HBM" in msg or "Ran out of memory" in msg
+
+
+def _refused(spec: PlanSpec, cfg: Any, mesh: Any, pool: list, target: Target | None, err: Exception) -> dict:
+    """The report of a train step the chip's compiler refused (it does not fit)."""
+    import re
+
+    msg = str(err).strip().splitlines()[0][:400]
+    m = re.search(r"temporaries \(([0-9.]+)([GM])\)", msg)
+    temp = None if m is None else float(m.group(1)) * (GiB if m.group(2) == "G" else 2**20)
+    return {"model": spec.model if isinstance(spec.model, str) else "custom", "family": cfg.family,
+            "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat, "attention": cfg.attention,
+            "mesh": dict(zip(spec.mesh_axes, spec.mesh_shape)), "devices": spec.devices,
+            "target": None if target is None else dataclasses.asdict(target),
+            "device_kind": getattr(pool[0], "device_kind", pool[0].platform), "platform": pool[0].platform,
+            "spec": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                     if f.name not in ("model", "objective", "critic_objective")},
+            "train_step": {"refused": msg, "compiled_temp": temp},
+            "fit": {"train_fits": False, "refused_by_compiler": True}}
+
+
+def _whole_loop_cost(spec: PlanSpec, cfg: Any, opt: Any, objective: Any, mesh: Any, train: dict) -> dict:
+    """FLOPs, bytes and the compiler's time estimate of the whole layer scan: the step compiled
+    with 1 and 2 layers, unrolled, gives one layer's cost, ``total = c1 + (L - 1) (c2 - c1)`` (the
+    full model's own cost analysis counts the scan's body once). Loops inside a layer (blockwise
+    attention's key blocks) still count once, and a Pallas kernel as the kernel declares."""
+    from flax import nnx
+
+    from jaxrl_llm.models import Transformer
+    from jaxrl_llm.models.transformer import unrolled_layer_scan
+
+    costs = []
+    for n in (1, 2):
+        c = cfg.replace(num_layers=n, sliding_layers=None if cfg.sliding_layers is None else cfg.sliding_layers[:n])
+        gd, params = nnx.split(nnx.eval_shape(lambda c=c: Transformer(c, rngs=nnx.Rngs(0))))
+        with unrolled_layer_scan():
+            compiled = _plan_step(gd, params, opt, objective, spec, mesh)[0]
+        costs.append(_cost(compiled))
+    out = {}
+    for k in ("flops", "bytes_accessed"):
+        one, two = costs[0].get(k), costs[1].get(k)
+        if one is not None and two is not None:
+            out[f"{k}_whole_loop"] = one + (cfg.num_layers - 1) * (two - one)
+    return out
+
+
 def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) -> dict:
     """Lower and compile the train step (and the sampler) for ``spec``; return the report
     (a JSON-able dict, byte counts per device). ``devices``: the devices to build the mesh
@@ -283,22 +453,41 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     from jaxrl_llm.rollout import SamplingConfig, generate
     from jaxrl_llm.training import recipe
 
+    from jaxrl_llm.models.attn import compile_for, resolve_implementation
+
     check_spec(spec)
-    cfg = spec.model_config()
-    n_dev = math.prod(spec.mesh)
+    target = parse_target(spec.target) if spec.target is not None else None
+    n_dev = spec.devices
+    if devices is None and target is not None:
+        devices = target_devices(target)
     pool = list(jax.devices() if devices is None else devices)
     if len(pool) < n_dev:
-        raise ValueError(f"mesh {spec.mesh} needs {n_dev} devices; {len(pool)} available "
+        raise ValueError(f"mesh {spec.mesh_shape} needs {n_dev} devices; {len(pool)} available "
                          "(on CPU, run `jaxrl-llm plan`, which simulates them, or set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n_dev} before importing jax)")
-    mesh = make_mesh(spec.mesh, spec.mesh_axes, devices=pool[:n_dev])
+    mesh = make_mesh(spec.mesh_shape, spec.mesh_axes, devices=pool[:n_dev])
+    platform = "gpu" if pool[0].platform in ("cuda", "rocm", "gpu") else pool[0].platform
+    cfg = spec.model_config()
+    if cfg.attention == "auto" and platform != "cpu":  # decided for the chips compiled for, not this host
+        cfg = cfg.replace(attention=resolve_implementation("auto", platform))
+    model_name = spec.model if isinstance(spec.model, str) else "custom"
+    spec = dataclasses.replace(spec, model=cfg) if spec.model is not cfg else spec
 
     gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     opt = optax.adamw(1e-6) if spec.optimizer == "adamw" else optax.sgd(1e-6)
     sds = jax.ShapeDtypeStruct
     B, L = spec.rows, spec.seq_len
     objective = spec.objective or recipe("grpo", num_samples=max(spec.num_samples, 2)).objective
-    compiled, st_sh, b_sh, train = _plan_step(gd, params, opt, objective, spec, mesh)
+    with compile_for(platform):
+        try:
+            compiled, st_sh, b_sh, train = _plan_step(gd, params, opt, objective, spec, mesh)
+        except Exception as e:  # the chip's compiler refusing the program is an answer, not a crash
+            if not _is_oom(e):
+                raise
+            return _refused(spec, cfg, mesh, pool, target, e)
+        whole = spec.whole_loop_cost if spec.whole_loop_cost is not None else target is not None
+        if whole:
+            train.update(_whole_loop_cost(spec, cfg, opt, objective, mesh, train))
     t_lower, t_compile = train.pop("_lower_s"), train.pop("_compile_s")
 
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
@@ -329,11 +518,14 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         critic["peak_critic_step"] = critic["compiled_peak"] + resident["policy"] + train["reference"]
         critic["peak_with_critic"] = max(critic["peak_policy_step"], critic["peak_critic_step"])
     report: dict[str, Any] = {
-        "model": spec.model if isinstance(spec.model, str) else "custom", "n_params": int(n_params),
+        "model": model_name, "n_params": int(n_params),
         "n_active_params": int(n_active), "family": cfg.family,
-        "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat,
-        "mesh": dict(zip(spec.mesh_axes, spec.mesh)), "devices": n_dev,
-        "platform": pool[0].platform, "spec": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in ("model", "objective")},
+        "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat, "attention": cfg.attention,
+        "mesh": dict(zip(spec.mesh_axes, spec.mesh_shape)), "devices": n_dev,
+        "target": None if target is None else dataclasses.asdict(target),
+        "device_kind": getattr(pool[0], "device_kind", pool[0].platform),
+        "platform": pool[0].platform, "spec": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                                               if f.name not in ("model", "objective", "critic_objective")},
         "objective": None if spec.objective is None else _describe_objective(spec.objective),
         "lora": cfg.lora is not None,
         "train_step": train,
@@ -351,12 +543,12 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         tok_sh = logical_sharding(("batch", None), mesh, shape=(spec.prompts, P))
         gen = jax.jit(generate, static_argnums=(0, 5), static_argnames=("unroll_layers",))
         t1 = time.perf_counter()
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh), compile_for(platform):
             low = gen.lower(gd, jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), params, p_sh),
                             sds((spec.prompts, P), jnp.int32, sharding=tok_sh),
                             sds((spec.prompts, P), jnp.bool_, sharding=tok_sh),
                             jax.eval_shape(lambda: jax.random.key(0)), scfg)
-        gcomp = low.compile()
+            gcomp = low.compile()
         if return_compiled:
             report["_compiled_sampler"] = (gcomp, p_sh, tok_sh)
         n = spec.prompts * spec.num_samples
@@ -375,7 +567,17 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         }
         report["sampler"]["peak_with_reference"] = report["sampler"]["compiled_peak"] + train["reference"]
 
+    if target is not None and spec.chip is None:
+        spec = dataclasses.replace(spec, chip=target.chip)
     chip = spec.chip_numbers()
+    if target is not None:
+        usable = target.usable_hbm_gib if target.usable_hbm_gib is not None else CHIPS[target.chip].hbm_gib
+        fit = {"usable_hbm_gib": usable, "train_fits": bool(train["peak_with_reference"] <= usable * GiB)}
+        if "critic_step" in report:
+            fit["train_fits"] = fit["train_fits"] and report["critic_step"]["peak_with_critic"] <= usable * GiB
+        if "sampler" in report:
+            fit["sampler_fits"] = bool(report["sampler"]["peak_with_reference"] <= usable * GiB)
+        report["fit"] = fit
     if chip is not None:
         peak, bw = chip.peak_tflops * 1e12, chip.hbm_gbs * 1e9
         est = {"chip": chip.name, "peak_tflops": chip.peak_tflops, "hbm_gbs": chip.hbm_gbs, "hbm_gib": chip.hbm_gib}
@@ -403,10 +605,19 @@ def format_plan(r: dict) -> str:
     """A short Markdown report of :func:`plan`'s dict."""
     t = r["train_step"]
     m = r["mesh"]
+    where = (f"{r['devices']} {r.get('device_kind', r['platform'])} devices ({r['target']['name']}, compiled by "
+             f"the chip's own compiler)" if r.get("target") else f"{r['devices']} devices")
+    if "refused" in t:
+        sp = r["spec"]
+        return "\n".join([f"### {r['model']} ({r['param_dtype']} params, {r['dtype']} compute, remat={r['remat']}, "
+                          f"attention={r.get('attention')}) on {where}, mesh "
+                          + " ".join(f"{k}={v}" for k, v in m.items()), "",
+                          f"Train step: {sp['rows']} rows x {sp['seq_len']} tokens, {sp['num_microbatches']} "
+                          f"micro-batch(es): **DOES NOT FIT**, the compiler refused it: {t['refused']}", ""])
     active = (f", {r['n_active_params'] / 1e9:.2f}B active per token"
               if r.get("n_active_params", r["n_params"]) != r["n_params"] else "")
     lines = [f"### {r['model']} ({r['n_params'] / 1e9:.2f}B params{active}, {r['param_dtype']} params, {r['dtype']} "
-             f"compute, remat={r['remat']}) on {r['devices']} devices, mesh "
+             f"compute, remat={r['remat']}, attention={r.get('attention', 'auto')}) on {where}, mesh "
              + " ".join(f"{k}={v}" for k, v in m.items()), ""]
     sp = r["spec"]
     obj = r.get("objective")
@@ -430,11 +641,21 @@ def format_plan(r: dict) -> str:
                   f"| critic step: temporaries (compiler) | {_gib(c['compiled_temp'])} |",
                   f"| **peak with the critic** (the larger of the policy's and the critic's step, the other "
                   f"model resident) | **{_gib(c['peak_with_critic'])}** |"]
+    if "flops_whole_loop" in t:
+        count = (f"the compiler's count over the whole layer scan, {t['flops_whole_loop'] / 1e12:.2f} T, without "
+                 "what attention kernels and their loops do")
+    else:
+        count = f"the compiler's count, {t['flops'] / 1e12:.2f} T, covers one trip of the layer scan"
     lines += ["",
               f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x "
-              f"{'active ' if active else ''}params x tokens + attention; the compiler's count, "
-              f"{t['flops'] / 1e12:.2f} T, covers one trip of the layer scan).",
+              f"{'active ' if active else ''}params x tokens + attention; {count}).",
               ""]
+    if "fit" in r:
+        f = r["fit"]
+        fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731
+        lines += [f"On the chip's {f['usable_hbm_gib']:.2f} GiB of usable HBM per device: train step "
+                  f"{fit(f['train_fits'])}" + (f", sampler {fit(f['sampler_fits'])}" if "sampler_fits" in f else "")
+                  + ".", ""]
     if "sampler" in r:
         s = r["sampler"]
         lines += [f"Sampler: {sp['prompts']} prompts x {sp['num_samples']} samples, {sp['prompt_len']} + "

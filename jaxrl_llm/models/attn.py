@@ -54,7 +54,7 @@ import numpy as np
 
 __all__ = ["IMPLEMENTATIONS", "AUTO_DENSE_MAX_KEYS", "Part", "attention", "dense_attention", "blockwise_attention",
            "splash_attention", "cudnn_attention", "cudnn_supports", "resolve_implementation", "check_implementation",
-           "compile_for", "splash_interpret", "target_platform", "softcap_logits"]
+           "compile_for", "splash_interpret", "target_platform", "context_axes", "softcap_logits"]
 
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "splash", "cudnn")
 #: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), ``blockwise`` above
@@ -265,6 +265,19 @@ def _block_live(qs, q_seg, ks, kval, kseg, window, r):
     return live
 
 
+def _loop(n, body, init):
+    """``fori_loop(0, n, body, init)`` as a ``while_loop``: never turned into a scan, so partial
+    evaluation (the scanned, rematerialised layers' backward pass) cannot hoist per-iteration
+    values out of it and stack them (which rebuilt the whole score matrix)."""
+    def cond(c):
+        return c[0] < n
+
+    def step(c):
+        return (c[0] + 1, body(c[0], c[1]))
+
+    return jax.lax.while_loop(cond, step, (jnp.asarray(0, jnp.int32), init))[1]
+
+
 def _grouped(x, u, r):
     """``[B, ...]`` -> ``[U, r, ...]``."""
     return x.reshape((u, r) + x.shape[1:])
@@ -310,15 +323,18 @@ def _fwd_impl(st: _Static, q, kvs, metas, q_slot, q_seg, window):
                 live = _block_live(qs, qsegb, ks, kval, kseg, window, r)
                 return jax.lax.cond(live, compute, lambda c: c, carry)
 
-            m, lsum, acc = jax.lax.fori_loop(0, nk, k_step, (m, lsum, acc))
+            m, lsum, acc = _loop(nk, k_step, (m, lsum, acc))
         out = acc / jnp.where(lsum > 0, lsum, 1.0)[..., None]
         lse = jnp.where(lsum > 0, m + jnp.log(jnp.where(lsum > 0, lsum, 1.0)), 0.0)
         return out, lse
 
-    outs, lses = jax.lax.map(q_block, jnp.arange(nq))  # [nq, B, K, G, bq, ...]
-    out = jnp.moveaxis(outs, 0, 3).reshape(b, kh, g, tp, dh)
-    lse = jnp.moveaxis(lses, 0, 3).reshape(b, kh, g, tp)
-    return out, lse
+    def q_step(i, c):
+        out, lse = c
+        ob, lb = q_block(i)
+        return (jax.lax.dynamic_update_slice_in_dim(out, ob, i * st.bq, axis=3),
+                jax.lax.dynamic_update_slice_in_dim(lse, lb, i * st.bq, axis=3))
+
+    return _loop(nq, q_step, (jnp.zeros((b, kh, g, tp, dh), jnp.float32), jnp.zeros((b, kh, g, tp), jnp.float32)))
 
 
 def _bwd_impl(st: _Static, q, kvs, metas, q_slot, q_seg, window, out, lse, dout):
@@ -383,13 +399,13 @@ def _bwd_impl(st: _Static, q, kvs, metas, q_slot, q_seg, window, out, lse, dout)
                     dv_all, jax.lax.dynamic_slice_in_dim(dv_all, j * bk, bk, axis=2) + dv, j * bk, axis=2)
                 return dq + dqb, dk_all, dv_all
 
-            dq, dk_all, dv_all = jax.lax.fori_loop(0, nk, k_step, (dq, dk_all, dv_all))
+            dq, dk_all, dv_all = _loop(nk, k_step, (dq, dk_all, dv_all))
             new_dks.append(dk_all)
             new_dvs.append(dv_all)
         dq_all = jax.lax.dynamic_update_slice_in_dim(dq_all, dq, i * st.bq, axis=3)
         return dq_all, new_dks, new_dvs
 
-    dq_all, dks, dvs = jax.lax.fori_loop(0, nq, q_step, (dq_all, dks, dvs))
+    dq_all, dks, dvs = _loop(nq, q_step, (dq_all, dks, dvs))
     return dq_all, tuple(zip(dks, dvs))
 
 
@@ -503,7 +519,7 @@ def _mesh_axes_for(names):
 
 def splash_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=None, q_valid=None,
                      static_window: int | None = None, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
-                     interpret: bool | None = None, **kw):
+                     interpret: bool | None = None, _manual: bool = False, **kw):
     """Pallas TPU splash attention over the parts joined into one key range (shared-prefix parts
     repeated per row). Needs static slots: a call with run-time slots (a KV cache) is computed
     by :func:`blockwise_attention`. ``window`` may be traced (the scanned layers of Gemma): the
@@ -593,7 +609,7 @@ def splash_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, s
         return jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0))(qc, k, v, qseg, kseg)  # over rows
 
     use_local = jnp.asarray(False) if window is None else (jnp.asarray(window) > 0)
-    found = _mesh_axes_for(("act_batch", "act_kv_heads"))
+    found = None if _manual else _mesh_axes_for(("act_batch", "act_kv_heads"))
     if found is None:
         out = run(qc, k, v, qseg, kseg, use_local)
     else:
@@ -671,6 +687,95 @@ def cudnn_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, so
     return out.astype(p.v.dtype)
 
 
+# ---------------------------------------------------------------------------- context parallel
+def _spec(axes):
+    """A PartitionSpec entry of a tuple of mesh axes."""
+    return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
+
+
+def context_axes() -> tuple[Any, tuple[str, ...]] | None:
+    """``(mesh, axes)`` the active rules split a row's tokens (``act_seq``) over, when a mesh is
+    set and one of them is larger than 1; None otherwise."""
+    found = _mesh_axes_for(("act_seq",))
+    if found is None or not found[1][0]:
+        return None
+    return found[0], found[1][0]
+
+
+def _context_parallel(impl, q, parts, *, q_slot, window, q_seg, scale, softcap, q_valid, static_window, block_q,
+                      block_k, interpret, found):
+    """Attention with the queries' tokens split over the context axis: each device all-gathers
+    the keys and values of the rows' own tokens over that axis (the keys of a shared prompt are
+    whole on every device) and attends with its own queries, whose slots start at its shard
+    (``splash``: one kernel per shard position, chosen by the axis index). Values and gradients
+    are the single-device ones; the gradient of the gather is a reduce-scatter."""
+    mesh, ctx = found
+    b, t, h, dh = q.shape
+    csize = math.prod(mesh.shape[a] for a in ctx)
+    if t % csize:
+        raise ValueError(f"context parallelism: the context axis ({csize} ways) must divide the sequence length "
+                         f"{t}")
+    t_loc = t // csize
+    _, (batch_axes, head_axes) = _mesh_axes_for(("act_batch", "act_kv_heads"))
+    kh = parts[0].k.shape[1]
+    bsz = math.prod(mesh.shape[a] for a in batch_axes) if batch_axes else 1
+    hsz = math.prod(mesh.shape[a] for a in head_axes) if head_axes else 1
+    own = [p.rows == 1 and p.k.shape[3] == t and int(p.slots) == int(q_slot) for p in parts]
+    rows_ok = all((p.k.shape[0] % bsz == 0) for p in parts)
+    batch_axes = batch_axes if (b % bsz == 0 and rows_ok) else ()
+    head_axes = head_axes if kh % hsz == 0 else ()
+    P = jax.sharding.PartitionSpec
+    bs, hs, cs = _spec(batch_axes), _spec(head_axes), _spec(ctx)
+    has_seg = q_seg is not None
+    q_start = int(q_slot)
+
+    def body(q, kvs, qseg, qval, win):
+        i = jax.lax.axis_index(ctx)
+        local = []
+        for p, (k, v, valid, seg), mine in zip(parts, kvs, own):
+            if mine:  # this row's own tokens: gather every shard's keys
+                k = jax.lax.all_gather(k, ctx, axis=3, tiled=True)
+                v = jax.lax.all_gather(v, ctx, axis=2, tiled=True)
+                valid = jax.lax.all_gather(valid, ctx, axis=1, tiled=True)
+                seg = None if seg is None else jax.lax.all_gather(seg, ctx, axis=1, tiled=True)
+            local.append(Part(k, v, p.slots, valid, seg, p.rows))
+        kw = dict(window=None if window is None else win, q_seg=qseg if has_seg else None, scale=scale,
+                  softcap=softcap)
+        if impl == "splash":  # static slots per branch (the parts are closed over: their ints stay static)
+            def branch(j):
+                return lambda: splash_attention(
+                    q, local, q_slot=q_start + j * t_loc, q_valid=qval, static_window=static_window, block_q=block_q,
+                    block_k=block_k, interpret=interpret, _manual=True, **kw)
+            return jax.lax.switch(i, [branch(j) for j in range(csize)])
+        slot = q_start + i * t_loc + jnp.arange(t_loc)
+        if impl == "dense":
+            return dense_attention(q, local, q_slot=slot, **kw)
+        return blockwise_attention(q, local, q_slot=slot, block_q=block_q, block_k=block_k, **kw)
+
+    kv_args, kv_specs = [], []
+    for p, mine in zip(parts, own):
+        sdim = cs if mine else None
+        kv_args.append((p.k, p.v, jnp.asarray(p.valid, bool), p.seg))
+        kv_specs.append((P(bs, hs, None, sdim), P(bs, hs, sdim, None), P(bs, sdim),
+                         None if p.seg is None else P(bs, sdim)))
+    qseg = jnp.asarray(q_seg, jnp.int32) if has_seg else jnp.zeros((b, t), jnp.int32)
+    qval = jnp.ones((b, t), bool) if q_valid is None else jnp.asarray(q_valid, bool)
+    win = jnp.asarray(0 if window is None else window, jnp.int32)
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P(bs, cs, hs, None), kv_specs, P(bs, cs), P(bs, cs), P()),
+                       out_specs=P(bs, cs, hs, None), check_vma=False)
+    return fn(q, kv_args, qseg, qval, win)
+
+
+def _context_parallel_applies(q, parts, q_slot) -> bool:
+    """Static self-attention over more than one token (training and log-prob passes, a prefill
+    without a cache) is split over the context axis; decoding (run-time slots) is not."""
+    if q.shape[1] < 2 or not isinstance(q_slot, (int, np.integer)):
+        return False
+    if not all(isinstance(p.slots, (int, np.integer)) for p in parts):
+        return False
+    return any(p.rows == 1 and p.k.shape[3] == q.shape[1] and int(p.slots) == int(q_slot) for p in parts)
+
+
 # ------------------------------------------------------------------------------------- dispatch
 def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=None, impl: str = "dense",
               q_valid=None, static_window: int | None = None, block_q: int = DEFAULT_BLOCK,
@@ -704,6 +809,12 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
         impl = resolve_implementation("auto", num_keys=sum(p.k.shape[3] for p in parts))
         if impl == "cudnn" and cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap) is not None:
             impl = "blockwise"
+    found = context_axes()
+    if found is not None and _context_parallel_applies(q, parts, q_slot):
+        if impl == "cudnn":  # per shard the queries start past the keys: not cuDNN's causal layout
+            impl = "blockwise"
+        return _context_parallel(impl, q, parts, q_valid=q_valid, static_window=static_window, block_q=block_q,
+                                 block_k=block_k, interpret=interpret, found=found, **kw)
     if impl == "dense":
         return dense_attention(q, parts, **kw)
     if impl == "blockwise":

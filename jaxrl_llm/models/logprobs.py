@@ -16,12 +16,14 @@ mode only (no ``jax.jvp`` / forward-mode through it).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks
+from jaxrl_llm.models.attn import context_axes
 from jaxrl_llm.parallel.sharding import constrain
 
 __all__ = ["token_logprobs", "sequence_logprobs", "shared_prefix_logprobs"]
@@ -61,6 +63,10 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     if unembedding.shape[0] != d:
         raise ValueError(f"argument 'unembedding' must be [D={d}, V], got {unembedding.shape}")
     dt = jnp.dtype(compute_dtype or hidden.dtype)
+    found = context_axes()
+    if found is not None:  # context parallelism: every device walks its own part of the sequence
+        return _context_chunks(hidden, unembedding, targets, chunk_size, temperature, with_entropy, dt, softcap,
+                               math.prod(found[0].shape[a] for a in found[1]))
     c = min(chunk_size, t)
     n = -(-t // c)
     pad = n * c - t
@@ -74,6 +80,33 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     return lp, (ent if with_entropy else None)
+
+
+def _context_chunks(hidden, unembedding, targets, chunk_size, temperature, with_entropy, dt, softcap, ways):
+    """:func:`token_logprobs` with the sequence split over ``ways`` devices (the context axis):
+    position ``p`` of shard ``s`` is walked at step ``p // c`` of the scan, so each step computes
+    one chunk of every shard at once, each on its own device (no gather of the hidden states,
+    no repeated work)."""
+    b, t, d = hidden.shape
+    c = max(1, min(chunk_size, -(-t // ways)))
+    n = -(-t // (ways * c))  # steps per shard
+    pad = ways * n * c - t
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, ways, n, c, d)
+    y = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, ways, n, c)
+    h = jnp.moveaxis(h, 2, 0).reshape(n, b, ways * c, d)  # step, row, (shard, position)
+    y = jnp.moveaxis(y, 2, 0).reshape(n, b, ways * c)
+
+    def body(_, xs):
+        hc = constrain(xs[0], ("act_batch", "act_seq", None))
+        yc = constrain(xs[1], ("act_batch", "act_seq"))
+        return None, _chunk(hc, unembedding, yc, temperature, bool(with_entropy), dt, softcap)
+
+    _, (lp, ent) = jax.lax.scan(body, None, (h, y))
+
+    def back(x):  # [n, B, ways * c] -> [B, T]
+        return jnp.moveaxis(x.reshape(n, b, ways, c), 0, 2).reshape(b, ways * n * c)[:, :t]
+
+    return back(lp), (back(ent) if with_entropy else None)
 
 
 def _chunk_forward(h, w, y, temperature, dt, softcap=None):

@@ -106,6 +106,20 @@ class SharedPrefix(NamedTuple):
 
 RING_FAMILIES = ("gemma2", "gemma3")
 
+_UNROLL_SCAN: list[bool] = []  # unrolled_layer_scan(): the planner's cost of every layer
+
+
+class unrolled_layer_scan:  # noqa: N801 (a context manager)
+    """``with unrolled_layer_scan():`` -- models traced inside unroll their layer scan (the same
+    program without the loop). The planner compiles 1- and 2-layer copies this way: XLA's cost
+    analysis counts a loop's body once, an unrolled program's every layer."""
+
+    def __enter__(self):
+        _UNROLL_SCAN.append(True)
+
+    def __exit__(self, *exc):
+        _UNROLL_SCAN.pop()
+
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = None,
                per_layer: bool = False, ring: bool | None = None) -> KVCache:
@@ -752,10 +766,12 @@ class Transformer(nnx.Module):
                 else:
                     c, sn = jnp.where(win > 0, cos[1], cos[0]), jnp.where(win > 0, sin[1], sin[0])
             stats = None
+            attn_win = None if cfg.sliding_window is None else win  # no window: every layer attends causally
             if cfg.is_moe:
-                h, stats = block(h, c, sn, kv_parts, window=win, moe_mask=mask, replay=extra.get("replay"), **attn_kw)
+                h, stats = block(h, c, sn, kv_parts, window=attn_win, moe_mask=mask, replay=extra.get("replay"),
+                                 **attn_kw)
             else:
-                h = block(h, c, sn, kv_parts, window=win, **attn_kw)
+                h = block(h, c, sn, kv_parts, window=attn_win, **attn_kw)
             return h, ((tuple(new) if cache is not None or _collect_prefix else None), stats)
 
         if layers is None:
@@ -775,7 +791,8 @@ class Transformer(nnx.Module):
             # The cache enters the scan as per-layer inputs, is only read inside a layer, and
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
             extra = {} if replay_xs is None else {"replay": replay_xs}
-            h, (new_kv, router) = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows), extra) + cache_xs)
+            h, (new_kv, router) = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows), extra) + cache_xs,
+                                               unroll=bool(_UNROLL_SCAN and _UNROLL_SCAN[-1]))
         else:
             if len(layers) != cfg.num_layers:
                 raise ValueError(f"argument 'layers' must hold {cfg.num_layers} layer states, got {len(layers)}")

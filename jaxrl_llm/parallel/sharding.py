@@ -1,9 +1,11 @@
 """Meshes and logical-axis sharding rules.
 
 Arrays carry *logical* axis names (``"embed"``, ``"heads"``, ``"batch"`` ...); a small rules
-table maps each name to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``, and
+table maps each name to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``,
 ``expert`` for the stacked experts of a mixture of experts: a mesh made with
-``axes=("data", "expert")`` splits them over devices).
+``axes=("data", "expert")`` splits them over devices, and ``context`` for context parallelism:
+the tokens of every activation, ``act_seq``, split over it, the attention all-gathering keys and
+values over it (:mod:`jaxrl_llm.models.attn`), the parameters split over it like over ``fsdp``).
 Changing the parallelism strategy means changing the table, not the model. A dimension that
 the mesh axes do not divide evenly is replicated rather than failing (e.g. SmolLM2's 9 heads
 on a 2-way tensor axis), and a mesh axis is never used twice in one array.
@@ -47,12 +49,17 @@ __all__ = [
 ]
 
 MESH_AXES = ("data", "fsdp", "tensor")
+#: further axes a mesh may have: ``expert`` (a mixture of experts' stacked experts) and
+#: ``context`` (context parallelism: the sequence of every activation split over it)
+OPTIONAL_AXES = ("expert", "context")
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated)
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp", "expert")),
     ("vocab", "tensor"),
-    ("embed", "fsdp"),
+    # parameters are split over the context axis too (it holds no rows of its own: ZeRO-3 over
+    # every device a row's computation does not need whole)
+    ("embed", ("fsdp", "context")),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
@@ -68,7 +75,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("cache_seq", None),
     # activations
     ("act_batch", ("data", "fsdp", "expert")),
-    ("act_seq", None),
+    ("act_seq", "context"),  # context parallelism: a row's tokens split over the context axis
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
@@ -260,7 +267,10 @@ def constrain_lookup(x: jax.Array) -> jax.Array:
     ``data`` for the table's scatter-add) and logs "Involuntary full rematerialization": it
     replicates the tensor. This constraint puts the layout in between, ``B`` over the batch
     axes the table does not use and ``D`` like the table: from it each direction is one
-    collective (an all-to-all over the shared axis, an all-gather over the others). The
+    collective (an all-to-all over the shared axis, an all-gather over the others). With
+    context parallelism the table's ``D`` is split over the ``context`` axis too, which the
+    activations use for ``T``: a second layout in between moves it there first (``T`` over the
+    shared sequence axes, ``D`` over the rest of the table's), one all-to-all per step. The
     identity without a mesh, like :func:`constrain`.
     """
     mesh = jax.sharding.get_abstract_mesh()
@@ -272,7 +282,13 @@ def constrain_lookup(x: jax.Array) -> jax.Array:
     between = tuple(rules) + (("_lookup_batch", tuple(a for a in table.get("act_batch", ()) if a not in embed)),
                               ("_lookup_embed", embed))
     spec = logical_to_spec(("_lookup_batch",) + (None,) * (x.ndim - 2) + ("_lookup_embed",), between, mesh, x.shape)
-    return jax.lax.with_sharding_constraint(x, spec)
+    x = jax.lax.with_sharding_constraint(x, spec)
+    seq = tuple(a for a in table.get("act_seq", ()) if a in embed and a in mesh.shape and mesh.shape[a] > 1)
+    if seq and x.ndim == 3:
+        between += (("_lookup_seq", seq), ("_lookup_rest", tuple(a for a in embed if a not in seq)))
+        spec = logical_to_spec(("_lookup_batch", "_lookup_seq", "_lookup_rest"), between, mesh, x.shape)
+        x = jax.lax.with_sharding_constraint(x, spec)
+    return x
 
 
 def __getattr__(name: str) -> Any:
