@@ -431,6 +431,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_plan.add_argument("--peak-tflops", type=float, default=None)
     p_plan.add_argument("--hbm-gbs", type=float, default=None)
     p_plan.add_argument("--hbm-gib", type=float, default=None)
+    p_plan.add_argument("--context", type=int, default=None,
+                        help="context parallelism: split each row's tokens over a context mesh axis of this size "
+                             "(default: the experiment's mesh.context, else 1)")
+    p_plan.add_argument("--attention", default=None, choices=("auto", "dense", "blockwise", "splash", "cudnn"),
+                        help="attention implementation (default: the model's; auto resolves for the target)")
+    p_plan.add_argument("--target", default=None,
+                        help="compile for these chips with their own compiler on this host: tpu-v5e:8x8, v5e-64, "
+                             "v5p-16, tpu-v6e:4x4, ... (needs libtpu: bash scripts/setup_tpu_compiler.sh) or h100:8 "
+                             "(bash scripts/setup_gpu_compiler.sh); reports whether the step fits the chip's memory")
+    p_plan.add_argument("--search", action="store_true",
+                        help="find the remat policy, context split and micro-batches that fit (needs --target, "
+                             "--chip or --hbm-gib); the mesh's fsdp axis takes the remaining devices")
     p_plan.add_argument("--json", action="store_true", help="print the report as JSON instead of Markdown")
     p_methods = sub.add_parser(
         "methods", help="every method part (estimators, losses, KL, corrections, shaping, filters, preference "
@@ -456,14 +468,16 @@ def _plan_spec(args):
     runs) or, without one, from the flags."""
     from jaxrl_llm.plan import PlanSpec
 
-    chip = dict(chip=args.chip, peak_tflops=args.peak_tflops, hbm_gbs=args.hbm_gbs, hbm_gib=args.hbm_gib)
+    chip = dict(chip=args.chip, peak_tflops=args.peak_tflops, hbm_gbs=args.hbm_gbs, hbm_gib=args.hbm_gib,
+                target=args.target)
+    extra = {k: v for k, v in (("context", args.context), ("attention", args.attention)) if v is not None}
     if args.experiment is not None:
         exp = load_experiment(resolve_experiment(args.experiment))
         cfg = apply_overrides(exp.default, args.overrides, config_files=args.config or ())
         runner = exp.runner
         if runner is None or runner.plan is None:
             raise UsageError(f"{exp.name}: a {type(cfg).__name__} config has no plan (jaxrl-llm plan plans RL runs)")
-        return dataclasses.replace(runner.plan(cfg), **chip)
+        return dataclasses.replace(runner.plan(cfg), **chip, **extra)
     try:
         mesh = tuple(int(x) for x in args.mesh.split(","))
     except ValueError:
@@ -474,18 +488,102 @@ def _plan_spec(args):
                     num_microbatches=args.microbatches, prompts=args.prompts, num_samples=args.samples,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, param_dtype=args.param_dtype,
                     dtype=args.dtype, remat=args.remat, moe_capacity_factor=args.moe_capacity,
-                    optimizer=args.optimizer, reference=args.reference, **chip)
+                    optimizer=args.optimizer, reference=args.reference, **chip, **extra)
+
+
+PLAN_TARGET_CHILD = "JAXRL_LLM_PLAN_TARGET"
+
+
+def _compiler_python(platform: str) -> str | None:
+    """A Python that can compile for ``platform`` ("tpu": has libtpu; "gpu": has jax-cuda12-plugin):
+    this one, ``$JAXRL_LLM_<TPU|GPU>_PYTHON``, or the project's ``.venv-<tpu|gpu>`` (made by
+    ``scripts/setup_<tpu|gpu>_compiler.sh``)."""
+    import importlib.util
+    from pathlib import Path
+
+    module = "libtpu" if platform == "tpu" else "jax_cuda12_plugin"
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    env = os.environ.get(f"JAXRL_LLM_{platform.upper()}_PYTHON")
+    if env:
+        return env
+    venv = Path(__file__).resolve().parents[1] / f".venv-{platform}" / "bin" / "python"
+    return str(venv) if venv.exists() else None
+
+
+def _run_for_target(args, target) -> int:
+    """Re-run ``plan`` in a process set up to compile for ``target`` on this host: JAX on the CPU
+    (nothing runs on the chips), libtpu told it has no TPU to talk to, GPU autotuning off."""
+    import subprocess
+
+    py = _compiler_python(target.platform)
+    if py is None:
+        script = f"scripts/setup_{target.platform}_compiler.sh"
+        return _usage_error(UsageError(f"--target {target.name}: compiling for {target.platform.upper()} needs "
+                                       f"{'libtpu' if target.platform == 'tpu' else 'jax-cuda12-plugin'}; run "
+                                       f"`bash {script}` (it makes .venv-{target.platform}), then this command again"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{PLAN_TARGET_CHILD: "1"})
+    if target.platform == "tpu":
+        env.setdefault("TPU_SKIP_MDS_QUERY", "1")
+        env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        env.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    else:
+        flags = env.get("XLA_FLAGS", "")
+        if "xla_gpu_autotune_level" not in flags:
+            env["XLA_FLAGS"] = (flags + " --xla_gpu_autotune_level=0").strip()
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    print(f"(compiling for {target.name}: {target.devices} {target.chip} devices, with "
+          f"{'libtpu' if target.platform == 'tpu' else 'the XLA GPU compiler'} on this host)", file=sys.stderr,
+          flush=True)
+    return subprocess.call([py, "-m", "jaxrl_llm", "plan", *args.argv], env=env)
+
+
+def _format_search(res: dict) -> str:
+    from jaxrl_llm.plan import format_plan
+
+    lines = [f"Search over remat, context and micro-batches ({res['usable_hbm_gib']:.2f} GiB usable per device):",
+             "", "| remat | context | fsdp | micro-batches | peak GiB | fits |", "|---|---|---|---|---|---|"]
+    for t in res["tried"]:
+        peak = "refused" if t["refused"] else f"{t['peak_gib']:.2f}"
+        lines.append(f"| {t['remat']} | {t['context']} | {t['fsdp']} | {t['num_microbatches']} | {peak} | "
+                     f"{'yes' if t['fits'] else 'no'} |")
+    if res["best"] is None:
+        lines += ["", "Nothing tried fits: use more devices, fewer rows per step or shorter rows."]
+    else:
+        b = res["best_settings"]
+        lines += ["", f"Chosen: model.remat={b['remat']} mesh.context={b['context']} mesh.fsdp={b['fsdp']} "
+                      f"optim.num_microbatches={b['num_microbatches']}", "", format_plan(res["best"])]
+    return "\n".join(lines)
 
 
 def cmd_plan(args) -> int:
-    from jaxrl_llm.plan import check_spec, format_plan, plan
+    from jaxrl_llm.plan import check_spec, format_plan, parse_target, plan, search
 
     try:
         spec = _plan_spec(args)
+        target = parse_target(spec.target) if spec.target is not None else None
+        if target is not None and not args.search and spec.devices != target.devices:
+            raise UsageError(f"the mesh has {spec.devices} devices, the target {target.name} has {target.devices}: "
+                             "set the mesh (--mesh / mesh.fsdp=... / --context) to use them all, or --search")
+        if args.search and target is None and spec.chip is None and spec.hbm_gib is None:
+            raise UsageError("--search needs the devices' memory: --target, --chip or --hbm-gib")
         check_spec(spec)
-        mesh = spec.mesh
+        mesh = spec.mesh_shape
     except (UsageError, ConfigError, ValueError, TypeError) as e:
         return _usage_error(e)
+    if target is not None:
+        if not os.environ.get(PLAN_TARGET_CHILD):
+            return _run_for_target(args, target)
+        try:
+            if args.search:
+                res = search(spec, log=lambda row: print(f"  tried {row}", file=sys.stderr, flush=True))
+                print(json.dumps(res, indent=1, default=str) if args.json else _format_search(res))
+                return 0
+            report = plan(spec)
+        except ValueError as e:
+            return _usage_error(e)
+        print(json.dumps(report, indent=1) if args.json else format_plan(report))
+        return 0
     import math
 
     import jax
@@ -504,6 +602,10 @@ def cmd_plan(args) -> int:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's SPMD warnings on simulated devices
         print(f"(planning on {n} simulated CPU devices)", file=sys.stderr, flush=True)
         return subprocess.call([sys.executable, "-m", "jaxrl_llm", "plan", *args.argv], env=env)
+    if args.search:
+        res = search(spec, log=lambda row: print(f"  tried {row}", file=sys.stderr, flush=True))
+        print(json.dumps(res, indent=1, default=str) if args.json else _format_search(res))
+        return 0
     report = plan(spec)
     print(json.dumps(report, indent=1) if args.json else format_plan(report))
     return 0

@@ -37,7 +37,7 @@ import math
 import time
 from typing import Any
 
-__all__ = ["Chip", "CHIPS", "PlanSpec", "Target", "parse_target", "target_devices", "plan", "format_plan",
+__all__ = ["Chip", "CHIPS", "PlanSpec", "Target", "parse_target", "target_devices", "plan", "search", "format_plan",
            "check_spec", "plan_spec_of", "active_params", "attended_pairs"]
 
 GiB = 2**30
@@ -253,8 +253,41 @@ def target_devices(target: Target | str) -> list:
     return _gpu_devices(t)
 
 
+#: GPU targets: XLA target description file (jaxrl_llm/specs) per CHIPS entry
+_GPU_SPECS = {"h100-sxm": "h100_sxm.txtpb"}
+#: the share of a GPU's memory JAX lets programs use by default (XLA_PYTHON_CLIENT_MEM_FRACTION)
+GPU_MEM_FRACTION = 0.75
+
+
 def _gpu_devices(t: Target) -> list:
-    raise ValueError(f"target {t.name}: compiling for GPUs on this host is not set up (see docs/scaling.md)")
+    """Devices of a GPU topology without a GPU: ``jax-cuda12-plugin`` compiles for the XLA target
+    description of the chip (``jaxrl_llm/specs``), with autotuning off (``--xla_gpu_autotune_level=0``
+    in ``XLA_FLAGS`` before JAX starts; ``jaxrl-llm plan --target`` sets it) and ``ptxas`` from the
+    ``nvidia-cuda-nvcc-cu12`` wheel (``bash scripts/setup_gpu_compiler.sh`` installs both)."""
+    from importlib import resources
+
+    from jax.experimental import topologies
+
+    try:
+        import jax_cuda12_plugin  # noqa: F401
+    except ImportError:
+        raise ValueError(f"target {t.name}: compiling for GPUs on this host needs jax-cuda12-plugin, "
+                         "jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12 (bash scripts/setup_gpu_compiler.sh, then run "
+                         ".venv-gpu/bin/jaxrl-llm)") from None
+    if t.chip not in _GPU_SPECS:
+        raise ValueError(f"target {t.name}: no XLA target description for {t.chip} (known: {', '.join(_GPU_SPECS)})")
+    spec = resources.files("jaxrl_llm.specs").joinpath(_GPU_SPECS[t.chip]).read_text()
+    return list(topologies.get_topology_desc(platform="cuda", target_config=spec, topology=t.topology).devices)
+
+
+def _gpu_usable_gib(t: Target) -> float:
+    """JAX's default share of the chip's memory (its XLA description's ``device_memory_size``)."""
+    import re
+    from importlib import resources
+
+    spec = resources.files("jaxrl_llm.specs").joinpath(_GPU_SPECS[t.chip]).read_text()
+    m = re.search(r"device_memory_size:\s*(\d+)", spec)
+    return GPU_MEM_FRACTION * int(m.group(1)) / GiB
 
 
 def _shard_bytes(tree: Any, shardings: Any) -> int:
@@ -331,9 +364,27 @@ def _cost(compiled) -> dict:
     ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):
         ca = ca[0] if ca else {}
+    if not ca:  # a compile-only GPU client gives none: XLA's cost analysis of the optimised module
+        ca = _module_cost(compiled)
     ca = ca or {}
     out = {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0))}
     return out
+
+
+def _module_cost(compiled) -> dict:
+    """XLA's HLO cost analysis of ``compiled``'s optimised per-device module, run by the CPU client
+    (jaxlib's ``hlo_module_cost_analysis``, not a public API: an empty dict where it is missing)."""
+    import jax
+
+    try:
+        from jax._src.lib import _jax
+    except ImportError:
+        return {}
+    analyse = getattr(_jax, "hlo_module_cost_analysis", None)
+    modules = compiled.runtime_executable().hlo_modules()
+    if analyse is None or not modules:
+        return {}
+    return dict(analyse(jax.devices("cpu")[0].client, modules[0]))
 
 
 def _memory(compiled) -> dict:
@@ -571,7 +622,8 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         spec = dataclasses.replace(spec, chip=target.chip)
     chip = spec.chip_numbers()
     if target is not None:
-        usable = target.usable_hbm_gib if target.usable_hbm_gib is not None else CHIPS[target.chip].hbm_gib
+        usable = target.usable_hbm_gib if target.usable_hbm_gib is not None else (
+            _gpu_usable_gib(target) if target.platform == "gpu" else CHIPS[target.chip].hbm_gib)
         fit = {"usable_hbm_gib": usable, "train_fits": bool(train["peak_with_reference"] <= usable * GiB)}
         if "critic_step" in report:
             fit["train_fits"] = fit["train_fits"] and report["critic_step"]["peak_with_critic"] <= usable * GiB
@@ -595,6 +647,87 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
             est["sampler_fits"] = bool(s["peak_with_reference"] <= chip.hbm_gib * GiB)
         report["estimate"] = est
     return report
+
+
+#: compute of a step relative to no rematerialisation (``full`` runs every layer's forward twice:
+#: 8 instead of 6 x params x tokens; ``dots`` recomputes only elementwise work), for ranking
+REMAT_COMPUTE = {"none": 1.0, "dots": 1.05, "full": 4.0 / 3.0}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def search(spec: PlanSpec, *, devices: Any = None, max_compiles: int = 24, log: Any = None) -> dict:
+    """The fastest execution settings of ``spec``'s train step that fit (MaxText's estimator idea,
+    for the RL step): for each remat policy (``none``, ``dots``, ``full``) the smallest context
+    split and micro-batch count (in that order of preference: fewer micro-batches keep the
+    matmuls large, a smaller context axis moves fewer keys) whose compiled peak fits the devices'
+    memory; among those, the one with the least compute (:data:`REMAT_COMPUTE`). The rest of the
+    mesh is FSDP: ``(data, devices / (data * tensor * context), tensor)``. Needs a memory size:
+    ``spec.target``'s, or ``spec.hbm_gib`` / ``spec.chip``. Returns ``{"tried": [...], "best":
+    report or None}``; ``log(line)`` is called after each compile."""
+    check_spec(spec)
+    target = parse_target(spec.target) if spec.target is not None else None
+    if target is not None:
+        usable = target.usable_hbm_gib if target.usable_hbm_gib is not None else (
+            _gpu_usable_gib(target) if target.platform == "gpu" else CHIPS[target.chip].hbm_gib)
+        n = target.devices
+        if devices is None:
+            devices = target_devices(target)
+    else:
+        chip = spec.chip_numbers()
+        usable = spec.hbm_gib or (chip.hbm_gib if chip is not None else None)
+        if usable is None:
+            raise ValueError("plan --search needs the devices' memory: --target, --chip or --hbm-gib")
+        n = len(devices) if devices is not None else spec.devices
+    data, tensor = spec.mesh[0], spec.mesh[2]
+    expert = spec.mesh[3] if len(spec.mesh) == 4 else None
+    fixed = data * tensor * (expert or 1)
+    if n % fixed:
+        raise ValueError(f"plan --search: data*tensor{'*expert' if expert else ''}={fixed} must divide the {n} devices")
+    tried, fits = [], []
+    compiles = 0
+    for remat in ("none", "dots", "full"):
+        options = []
+        for ctx in _divisors(n // fixed):
+            if spec.seq_len % ctx:
+                continue
+            fsdp = n // fixed // ctx
+            ways = data * fsdp * (expert or 1)
+            if spec.rows % ways:
+                continue
+            for mb in _divisors(spec.rows // ways):
+                options.append((ctx * mb, mb, ctx, fsdp))
+        for _, mb, ctx, fsdp in sorted(options):
+            if compiles >= max_compiles:
+                break
+            mesh = (data, fsdp, tensor) + ((expert,) if expert else ())
+            cand = dataclasses.replace(spec, remat=remat, context=ctx, mesh=mesh, num_microbatches=mb, prompts=0,
+                                       whole_loop_cost=False)
+            r = plan(cand, devices=devices)
+            compiles += 1
+            t = r["train_step"]
+            peak = t.get("peak_with_reference", None)
+            ok = bool(peak is not None and peak <= usable * GiB)
+            row = {"remat": remat, "context": ctx, "fsdp": fsdp, "num_microbatches": mb, "fits": ok,
+                   "peak_gib": None if peak is None else peak / GiB,
+                   "temp_gib": None if t.get("compiled_temp") is None else t["compiled_temp"] / GiB,
+                   "refused": t.get("refused")}
+            if ok:
+                row["compute"] = t["flops_model_per_device"] * REMAT_COMPUTE[remat]
+                fits.append((row["compute"], ctx, mb, row, r))
+            tried.append(row)
+            if log is not None:
+                log(row)
+            if ok:
+                break  # the smallest split that fits this remat policy
+        if fits and remat == "none":
+            break  # nothing computes less
+    best = min(fits, key=lambda f: f[:3]) if fits else None
+    return {"usable_hbm_gib": usable, "tried": tried, "best": None if best is None else best[4],
+            "best_settings": None if best is None else {k: best[3][k] for k in
+                                                        ("remat", "context", "fsdp", "num_microbatches")}}
 
 
 def _gib(x: float) -> str:
@@ -650,12 +783,6 @@ def format_plan(r: dict) -> str:
               f"FLOPs per device per step: {t['flops_model_per_device'] / 1e12:.2f} T (6 x "
               f"{'active ' if active else ''}params x tokens + attention; {count}).",
               ""]
-    if "fit" in r:
-        f = r["fit"]
-        fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731
-        lines += [f"On the chip's {f['usable_hbm_gib']:.2f} GiB of usable HBM per device: train step "
-                  f"{fit(f['train_fits'])}" + (f", sampler {fit(f['sampler_fits'])}" if "sampler_fits" in f else "")
-                  + ".", ""]
     if "sampler" in r:
         s = r["sampler"]
         lines += [f"Sampler: {sp['prompts']} prompts x {sp['num_samples']} samples, {sp['prompt_len']} + "
@@ -665,6 +792,12 @@ def format_plan(r: dict) -> str:
         if s.get("peak_with_reference", 0) > s["compiled_peak"]:
             lines += [f"| **peak with the reference** | **{_gib(s['peak_with_reference'])}** |"]
         lines += [""]
+    if "fit" in r:
+        f = r["fit"]
+        fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731
+        lines += [f"On the chip's {f['usable_hbm_gib']:.2f} GiB of usable HBM per device: train step "
+                  f"{fit(f['train_fits'])}" + (f", sampler {fit(f['sampler_fits'])}" if "sampler_fits" in f else "")
+                  + ".", ""]
     if "estimate" in r:
         e = r["estimate"]
         fit = lambda ok: "fits" if ok else "DOES NOT FIT"  # noqa: E731

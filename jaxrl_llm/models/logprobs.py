@@ -63,6 +63,9 @@ def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array
     if unembedding.shape[0] != d:
         raise ValueError(f"argument 'unembedding' must be [D={d}, V], got {unembedding.shape}")
     dt = jnp.dtype(compute_dtype or hidden.dtype)
+    # the projection keeps its parameter layout through the chunk loop, and so does its gradient
+    # there (summed over chunks in FSDP shards; the identity without a mesh)
+    unembedding = constrain(unembedding, ("embed", "vocab"))
     found = context_axes()
     if found is not None:  # context parallelism: every device walks its own part of the sequence
         return _context_chunks(hidden, unembedding, targets, chunk_size, temperature, with_entropy, dt, softcap,
@@ -155,6 +158,9 @@ def _chunk_bwd(with_entropy, dt, softcap, res, g):
     dz = constrain(dz, ("act_batch", "act_seq", "act_vocab")).astype(dt)
     dh = jnp.einsum("bcv,dv->bcd", dz, w.astype(dt), preferred_element_type=jnp.float32)
     dw = jnp.einsum("bcd,bcv->dv", h.astype(dt), dz, preferred_element_type=jnp.float32)
+    # split like the parameter (FSDP): summed over the chunks in shards, never a whole float32 [D, V]
+    # per device (the identity without a mesh)
+    dw = constrain(dw, ("embed", "vocab"))
     return dh.astype(h.dtype), dw.astype(w.dtype), None, None  # targets, temperature: no gradient
 
 

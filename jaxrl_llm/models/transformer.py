@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_llm.core import stats as core_stats
-from jaxrl_llm.models.attn import attention, softcap_logits
+from jaxrl_llm.models.attn import attention, softcap_logits, target_platform
 from jaxrl_llm.models.config import ModelConfig
 from jaxrl_llm.parallel.sharding import DEFAULT_RULES, constrain, constrain_lookup, state_shardings
 
@@ -210,7 +210,7 @@ def _normal(rngs: nnx.Rngs, shape, std, dtype):
     return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
 
 
-def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1, out_dtype: Any = jnp.float32) -> jax.Array:
     """``x . w`` contracting the last ``n_in`` axes of ``x`` with the first ``n_in`` of ``w``,
     accumulated in float32, computed as one 2-D matmul ``[M, K] x [K, N]``.
 
@@ -220,6 +220,9 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     elementwise backward (SiLU, the gating product) into that transposing loop, which ran at a
     fraction of memory speed. On SmolLM2-135M the gradient of the GRPO loss took 4.8-4.9 s with
     the N-d form and 4.1-4.4 s with this one (``benchmarks/backward_ab.py``, interleaved).
+
+    ``out_dtype``: the product's dtype (the accumulation stays float32 on TPU and GPU; there a
+    16-bit output halves the ``[tokens, features]`` buffers the layer keeps and recomputes).
     """
     k_shape, n_shape = w.shape[:n_in], w.shape[n_in:]
     if tuple(x.shape[x.ndim - n_in:]) != tuple(k_shape):
@@ -227,7 +230,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     lead = x.shape[:x.ndim - n_in]
     k, n = math.prod(k_shape), math.prod(n_shape)
     y = jax.lax.dot_general(x.reshape(-1, k), w.reshape(k, n), (((1,), (0,)), ((), ())),
-                            preferred_element_type=jnp.float32)
+                            preferred_element_type=out_dtype)
     return y.reshape(tuple(lead) + tuple(n_shape))
 
 
@@ -282,7 +285,10 @@ class Proj(nnx.Module):
             self.lora_scale = 0.0
 
     def _dot(self, x, w):
-        return dense(x.astype(self.dtype), w.astype(self.dtype), self.n_in)
+        # a 16-bit compute dtype on an accelerator: the product leaves the matmul unit in that dtype
+        # (accumulated in float32 inside it); on CPU float32 as always (the same numbers as before)
+        out = self.dtype if (self.dtype.itemsize < 4 and target_platform() != "cpu") else jnp.float32
+        return dense(x.astype(self.dtype), w.astype(self.dtype), self.n_in, out)
 
     def __call__(self, x):
         y = self._dot(x, self.kernel[...])
