@@ -266,7 +266,8 @@ def cmd_list(args) -> int:
 def cmd_train(args) -> int:
     try:
         exp = load_experiment(resolve_experiment(args.experiment))
-        cfg = apply_overrides(exp.default, args.overrides, config_files=args.config or ())
+        overrides = list(args.overrides) + (["run.force=true"] if args.force else [])
+        cfg = apply_overrides(exp.default, overrides, config_files=args.config or ())
     except (UsageError, ConfigError) as e:
         return _usage_error(e)
     if args.print_config:
@@ -389,6 +390,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                          help="YAML file of config keys, merged before the overrides (repeatable)")
     p_train.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p_train.add_argument("--dry-run", action="store_true", help="resolve the config, run check(cfg) and exit")
+    p_train.add_argument("--force", action="store_true",
+                         help="start even if the preflight plans more memory than the devices have (run.force=true)")
     p_train.add_argument("--multihost", action="store_true",
                          help="join the other processes first (jaxrl_llm.parallel.initialize: $JAXRL_COORDINATOR, "
                               "$JAXRL_NUM_PROCESSES, $JAXRL_PROCESS_ID, or TPU-pod/SLURM auto-detection); "

@@ -98,6 +98,10 @@ class PlanSpec:
         ``"tpu-v5e:8x8"``, ``"v5p-16"``, ... with libtpu installed, which compiles for a TPU
         topology on a CPU host; ``"h100:8"``); the report then says whether the program fits the
         chip's memory as the chip's own compiler counts it.
+      max_tokens_per_microbatch: sequence packing (``train.max_tokens_per_microbatch``): plan one
+        packed micro-batch, a row of this many tokens per batch device (the update of one such
+        micro-batch: its gradient and the optimiser step), instead of ``rows / num_microbatches``
+        padded rows of ``seq_len``.
       whole_loop_cost: also compile 1- and 2-layer copies of the step, so that FLOPs, bytes and
         the compiler's time estimate count every trip of the layer scan (XLA's cost analysis
         counts a loop body once): ``cost = c1 + (L - 1) (c2 - c1)``. ``None``: on with a target.
@@ -129,6 +133,7 @@ class PlanSpec:
     critic_objective: Any = None
     target: str | None = None
     whole_loop_cost: bool | None = None
+    max_tokens_per_microbatch: int = 0
 
     def model_config(self):
         from jaxrl_llm.models import ModelConfig, preset
@@ -332,7 +337,14 @@ def check_spec(spec: PlanSpec) -> None:
         raise ValueError(f"PlanSpec.seq_len must be >= 2, got {spec.seq_len}")
     if not (isinstance(spec.context, int) and spec.context >= 1):
         raise ValueError(f"PlanSpec.context must be an int >= 1, got {spec.context!r}")
-    if spec.seq_len % spec.context:
+    if spec.max_tokens_per_microbatch:
+        if spec.max_tokens_per_microbatch < spec.seq_len:
+            raise ValueError(f"PlanSpec.max_tokens_per_microbatch={spec.max_tokens_per_microbatch} is smaller than "
+                             f"one row (seq_len={spec.seq_len})")
+        if spec.max_tokens_per_microbatch % spec.context:
+            raise ValueError(f"PlanSpec.context={spec.context} must divide max_tokens_per_microbatch="
+                             f"{spec.max_tokens_per_microbatch}")
+    elif spec.seq_len % spec.context:
         raise ValueError(f"PlanSpec.context={spec.context} must divide the sequence length seq_len={spec.seq_len}")
     if spec.target is not None:
         parse_target(spec.target)
@@ -412,7 +424,17 @@ def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, m
     st_sh = train_state_shardings(opt, state, mesh)
     B, L = spec.rows, spec.seq_len
     batch = {}
+    packed = spec.max_tokens_per_microbatch
+    if packed:  # one packed micro-batch: a row of `packed` tokens per batch device, its rows' slots
+        ways = spec.batch_ways
+        slots = 1 << max(0, -(-packed // L) - 1).bit_length()
+        B = ways * slots
+        for k in ("packed_tokens", "packed_segments", "packed_positions"):
+            batch[k] = sds((ways, packed), jnp.int32)
+        batch["packed_index"] = sds((B, L - 1), jnp.int32)
     for k in objective.batch_keys():
+        if packed and k in ("tokens", "mask"):
+            continue
         if k in ("tokens", "mask"):
             batch[k] = sds((B, L), jnp.int32 if k == "tokens" else jnp.bool_)
         elif k == "kl_coef":
@@ -426,8 +448,8 @@ def _plan_step(gd: Any, params: Any, opt: Any, objective: Any, spec: PlanSpec, m
             batch[k] = sds((B, L - 1), jnp.bool_ if k == "loss_mask" else jnp.float32)
     b_sh = {k: logical_sharding(("batch",) + (None,) * (len(v.shape) - 1), mesh, shape=v.shape)
             for k, v in batch.items()}
-    step = make_train_step(gd, opt, objective, num_microbatches=spec.num_microbatches, state_shardings=st_sh,
-                           batch_shardings=b_sh)
+    step = make_train_step(gd, opt, objective, num_microbatches=1 if packed else spec.num_microbatches,
+                           state_shardings=st_sh, batch_shardings=b_sh)
     with jax.set_mesh(mesh):
         lowered = step.lower(jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), state, st_sh),
                              {k: sds(v.shape, v.dtype, sharding=b_sh[k]) for k, v in batch.items()})
@@ -501,6 +523,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     from jaxrl_llm.models import Transformer
     from jaxrl_llm.models.transformer import init_cache
     from jaxrl_llm.parallel import logical_sharding, make_mesh, state_shardings
+    from jaxrl_llm.parallel.sharding import decode_rules, logical_rules
     from jaxrl_llm.rollout import SamplingConfig, generate
     from jaxrl_llm.training import recipe
 
@@ -543,6 +566,8 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
 
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     n_active = active_params(cfg, n_params)
+    if spec.max_tokens_per_microbatch:  # one packed micro-batch: rows of seq_len filling each packed row
+        B = spec.batch_ways * max(1, spec.max_tokens_per_microbatch // L)
     train = {
         **train,
         "flops_6nd_per_device": 6.0 * n_active * B * L / n_dev,
@@ -591,10 +616,11 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         scfg = SamplingConfig(max_new_tokens=spec.new_tokens, num_samples=spec.num_samples, temperature=1.0,
                               pad_token_id=0)
         P = spec.prompt_len
-        tok_sh = logical_sharding(("batch", None), mesh, shape=(spec.prompts, P))
+        rules = decode_rules()  # as the Sampler: the rows split over the context axis too
+        tok_sh = logical_sharding(("batch", None), mesh, rules, shape=(spec.prompts, P))
         gen = jax.jit(generate, static_argnums=(0, 5), static_argnames=("unroll_layers",))
         t1 = time.perf_counter()
-        with jax.set_mesh(mesh), compile_for(platform):
+        with jax.set_mesh(mesh), compile_for(platform), logical_rules(rules):
             low = gen.lower(gd, jax.tree.map(lambda x, s: sds(x.shape, x.dtype, sharding=s), params, p_sh),
                             sds((spec.prompts, P), jnp.int32, sharding=tok_sh),
                             sds((spec.prompts, P), jnp.bool_, sharding=tok_sh),
@@ -606,10 +632,10 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         cache = jax.eval_shape(lambda: init_cache(cfg, n, P + spec.new_tokens))
         names_k = ("layers", "batch", "kv_heads", "head_dim", "cache_seq")
         names_v = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
-        kv = sum(_shard_bytes([c], [logical_sharding(nm, mesh, shape=c.shape)])
+        kv = sum(_shard_bytes([c], [logical_sharding(nm, mesh, rules, shape=c.shape)])
                  for c, nm in ((cache.k, names_k), (cache.v, names_v)))
         if cache.routes is not None:  # a mixture of experts records every token's experts
-            kv += _shard_bytes([cache.routes], [logical_sharding(("batch", None, None, None), mesh,
+            kv += _shard_bytes([cache.routes], [logical_sharding(("batch", None, None, None), mesh, rules,
                                                                   shape=cache.routes.shape)])
         report["sampler"] = {
             "params": _shard_bytes(params, p_sh), "kv_cache": kv, "rows": n,
@@ -639,7 +665,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
         est["train_fits"] = bool(train["peak_with_reference"] <= chip.hbm_gib * GiB)
         if "sampler" in report:
             s = report["sampler"]
-            rows_dev = s["rows"] / spec.batch_ways
+            rows_dev = s["rows"] / (spec.batch_ways * spec.context)  # decoding splits rows over context too
             per_token = max((s["params"] + s["kv_cache"]) / bw,
                             2.0 * n_active / max(spec.mesh[1] * spec.mesh[2], 1) * rows_dev / peak)
             prefill = 2.0 * n_active * spec.prompts * spec.prompt_len / n_dev / peak
@@ -838,7 +864,9 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     prompt_len = min(b for b in ro.prompt_buckets if b >= longest)
     rows = ro.prompts_per_step * ro.num_samples
     reference = "none" if not rec.needs_reference else ("host" if cfg.model.offload_reference else "device")
-    fields = dict(model=mcfg, mesh=cfg.mesh.shape_axes()[0],
+    m = cfg.mesh
+    fields = dict(model=mcfg, mesh=(m.data, m.fsdp, m.tensor) + ((m.expert,) if m.expert > 1 else ()),
+                  context=m.context, max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch,
                   rows=rows // rec.num_minibatches, seq_len=prompt_len + ro.max_new_tokens,
                   num_microbatches=cfg.optim.num_microbatches, prompts=ro.prompts_per_step,
                   num_samples=ro.num_samples, prompt_len=prompt_len, new_tokens=ro.max_new_tokens,

@@ -603,6 +603,8 @@ PRESETS: dict[str, ModelConfig] = {
                           intermediate_size=8960, tie_embeddings=True),
     "qwen2.5-7b": _qwen(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
                         intermediate_size=18944, vocab_size=152064),
+    "qwen2.5-32b": _qwen(hidden_size=5120, num_layers=64, num_heads=40, num_kv_heads=8, head_dim=128,
+                         intermediate_size=27648, vocab_size=152064),
     "qwen3-0.6b": _qwen("qwen3", hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
                         intermediate_size=3072, tie_embeddings=True),
     "qwen3-8b": _qwen("qwen3", hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,

@@ -34,6 +34,8 @@ __all__ = [
     "MESH_AXES",
     "DEFAULT_RULES",
     "SAMPLER_RULES",
+    "decode_rules",
+    "active_rules",
     "make_mesh",
     "logical_to_spec",
     "logical_sharding",
@@ -91,6 +93,27 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 SAMPLER_RULES: tuple[tuple[str, Any], ...] = tuple((k, None if k == "embed" else v) for k, v in DEFAULT_RULES)
 
 _ACTIVE_RULES: list[tuple[tuple[str, Any], ...]] = [DEFAULT_RULES]
+
+
+def active_rules() -> tuple[tuple[str, Any], ...]:
+    """The rules :func:`constrain` uses now (the innermost :class:`logical_rules`, else
+    :data:`DEFAULT_RULES`)."""
+    return _ACTIVE_RULES[-1]
+
+
+def decode_rules(rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> tuple[tuple[str, Any], ...]:
+    """``rules`` for sampling: a decode step has one token per row, no sequence to split, so the
+    ``context`` axis splits the rows (the batch, the KV cache's rows) like ``data`` and ``fsdp``.
+    Meshes without a context axis are unaffected (the axis is dropped)."""
+    out = []
+    for name, target in rules:
+        if name in ("batch", "act_batch"):
+            axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+            target = axes if "context" in axes else axes + ("context",)
+        elif name == "act_seq":
+            target = None
+        out.append((name, target))
+    return tuple(out)
 
 
 def make_mesh(shape: Sequence[int] = (1, 1, 1), axes: Sequence[str] = MESH_AXES,

@@ -22,7 +22,8 @@ from flax import nnx
 
 from jaxrl_llm.models.transformer import init_cache, unstack_layers
 from jaxrl_llm.parallel.multihost import gather
-from jaxrl_llm.parallel.sharding import constrain, logical_sharding, state_shardings
+from jaxrl_llm.parallel.sharding import (active_rules, constrain, decode_rules, logical_rules, logical_sharding,
+                                         state_shardings)
 from jaxrl_llm.rollout.sampling import SamplingConfig, sample_tokens, sampling_model
 from jaxrl_llm.shapes import bucket, pad_prompts  # re-exported: their home was here
 
@@ -118,7 +119,7 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     n = b * g
     if config.shared_prompt_kv and g > 1 and row_prompt is None:
         return _generate_shared(model, layers, prompt_tokens, prompt_mask, key, config)
-    cache = init_cache(cfg, b, p + t, per_layer=layers is not None)
+    cache = init_cache(cfg, b, prefill_slots(p) + t, per_layer=layers is not None)
     # The empty cache's `valid` (all False) and `index` (0) are trace-time constants. Seen as
     # constants, they make the prefill's scores over the cached slots a constant block of
     # _NEG (scanned layers), and XLA constant-folds the softmax max over it at compile time:
@@ -128,7 +129,7 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     valid, index = jax.lax.optimization_barrier((cache.valid, cache.index))
     cache = cache._replace(valid=valid, index=index)
     cache = _constrain_kv(cache)
-    h, cache = model(prompt_tokens, prompt_mask, cache=cache, layers=layers)
+    h, cache = prefill(model, layers, prompt_tokens, prompt_mask, cache)
     if row_prompt is None:
         logits = jnp.repeat(model.logits(h[:, -1]), g, axis=0)
         cache = _repeat_rows(cache, g)
@@ -142,6 +143,39 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     out = decode(model, layers, logits, cache, jnp.zeros((n,), bool), key, config)
     lengths = jnp.sum(out.mask, axis=-1).astype(jnp.int32)
     return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt, out.cache.routes)
+
+
+#: prompts longer than this are prefilled in chunks of this many tokens
+PREFILL_CHUNK = 2048
+
+
+def prefill(model: Any, layers: Any, tokens: jax.Array, mask: jax.Array, cache: Any, chunk: int = PREFILL_CHUNK):
+    """``(hidden of the last position [B, 1, D], cache)`` after writing ``tokens [B, P]`` into
+    ``cache`` from slot 0. Up to ``chunk`` tokens: one call. Longer: chunks of ``chunk`` tokens in a
+    ``lax.scan`` (each attends to the cache so far and to itself), so the activations of one pass
+    hold ``chunk`` tokens, not ``P``; the prompt is first left-padded to a multiple of ``chunk``
+    (more invalid leading slots: the cache must have room for them, :func:`prefill_slots`)."""
+    b, p = tokens.shape
+    if p <= chunk:
+        h, cache = model(tokens, mask, cache=cache, layers=layers)
+        return h[:, -1:], cache
+    pad = (-p) % chunk
+    tokens = jnp.pad(tokens, ((0, 0), (pad, 0)))
+    mask = jnp.pad(mask, ((0, 0), (pad, 0)))
+    n = (p + pad) // chunk
+    xs = (tokens.reshape(b, n, chunk).swapaxes(0, 1), mask.reshape(b, n, chunk).swapaxes(0, 1))
+
+    def body(c, x):
+        h, c = model(x[0], x[1], cache=c, layers=layers)
+        return c, h[:, -1:]
+
+    cache, hs = jax.lax.scan(body, cache, xs)
+    return hs[-1], cache
+
+
+def prefill_slots(p: int, chunk: int = PREFILL_CHUNK) -> int:
+    """Cache slots :func:`prefill` uses for a ``p``-token prompt."""
+    return p if p <= chunk else p + (-p) % chunk
 
 
 def _constrain_kv(kv):
@@ -310,12 +344,14 @@ class Sampler:
             out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
                            unroll_layers=self._unroll(params, *others), **kw)
         else:
-            sh = logical_sharding(("batch", None), self.mesh, shape=tokens.shape)
+            # rows split over the context axis too: decoding has no sequence to split
+            rules = decode_rules(active_rules())
+            sh = logical_sharding(("batch", None), self.mesh, rules, shape=tokens.shape)
             tokens, mask = jax.device_put(tokens, sh), jax.device_put(mask, sh)
             if self.param_rules is not None:  # the sampler's own layout, for this call only
                 params, others = jax.device_put((params, others), state_shardings((params, others), self.mesh,
                                                                                   self.param_rules))
-            with jax.set_mesh(self.mesh):
+            with jax.set_mesh(self.mesh), logical_rules(rules):
                 out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
                                unroll_layers=self._unroll(params, *others), **kw)
         n = b * self.config.num_samples

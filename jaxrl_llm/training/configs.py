@@ -46,6 +46,11 @@ class ModelSpec:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
+    #: the attention implementation (jaxrl_llm.models.attn): auto (splash on TPU, cudnn on GPU; on
+    #: CPU dense up to 2,048 keys, blockwise above), dense, blockwise, splash, cudnn
+    attention: str = "auto"
+    #: query and key block of blockwise and splash attention
+    attention_block: int = 512
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple[str, ...] = ALL_LORA_TARGETS
@@ -266,6 +271,14 @@ class TrainSpec:
     #: mixture of experts: weight of the load-balancing loss in the policy loss (HF's
     #: ``router_aux_loss_coef``; logged as ``moe/load_balancing_loss`` whatever the weight)
     router_aux_coef: float = 0.0
+    #: sequence packing (jaxrl_llm.data.packing): > 0 packs the rows' real tokens into micro-batches of
+    #: one packed row of this many tokens per batch device (verl's remove-padding with dynamic batch
+    #: size), instead of optim.num_microbatches padded slices; the same values and gradients up to
+    #: float summation order. 0: off (rows padded to the longest)
+    max_tokens_per_microbatch: int = 0
+    #: with packing: the budget of the forward-only log-prob passes (old, reference, auxiliary
+    #: policies); 0: twice max_tokens_per_microbatch (no activations kept for a backward pass)
+    logprob_tokens_per_microbatch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,16 +304,20 @@ class SFTSpec:
 class MeshSpec:
     """Device mesh ``(data, fsdp, tensor)``, plus ``expert`` for a mixture of experts (its
     stacked experts split over that axis; the batch is split over ``data``, ``fsdp`` and
-    ``expert``); the product must equal the device count (all 1: one device, no sharding)."""
+    ``expert``) and ``context`` (each row's tokens split over it); the product must equal the
+    device count (all 1: one device, no sharding)."""
 
     data: int = 1
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
+    #: context parallelism: each row's tokens split over this many devices (the train step and the
+    #: log-prob passes; keys and values all-gathered in attention); parameters split over it too
+    context: int = 1
 
     @property
     def devices(self) -> int:
-        return self.data * self.fsdp * self.tensor * self.expert
+        return self.data * self.fsdp * self.tensor * self.expert * self.context
 
     @property
     def batch_ways(self) -> int:
@@ -310,9 +327,12 @@ class MeshSpec:
     def shape_axes(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """``(shape, axis names)`` for :func:`jaxrl_llm.parallel.make_mesh` (no ``expert`` axis
         unless it is > 1: the same mesh as before for dense runs)."""
+        shape, axes = (self.data, self.fsdp, self.tensor), ("data", "fsdp", "tensor")
         if self.expert > 1:
-            return (self.data, self.fsdp, self.tensor, self.expert), ("data", "fsdp", "tensor", "expert")
-        return (self.data, self.fsdp, self.tensor), ("data", "fsdp", "tensor")
+            shape, axes = shape + (self.expert,), axes + ("expert",)
+        if self.context > 1:
+            shape, axes = shape + (self.context,), axes + ("context",)
+        return shape, axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +356,9 @@ class RunSpec:
     progress: bool = True
     console_every: int = 10
     compile_cache: str = "~/.cache/jaxrl_llm/xla"
+    #: start even when the preflight plans more memory than the devices have (a warning instead of
+    #: the one-line error; `jaxrl-llm train --force`)
+    force: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

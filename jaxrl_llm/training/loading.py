@@ -38,8 +38,8 @@ def tiny_config(spec: ModelSpec, vocab: int):
                    norm_topk_prob=True)
     return ModelConfig(vocab_size=vocab, hidden_size=h, num_layers=spec.num_layers, num_heads=4, num_kv_heads=2,
                        head_dim=h // 4, intermediate_size=4 * h, tie_embeddings=True, max_position_embeddings=512,
-                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec),
-                       **moe)
+                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+                       attention_block=spec.attention_block, lora=lora_config(spec), **moe)
 
 
 def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
@@ -48,7 +48,8 @@ def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
 
     from jaxrl_llm.models import Transformer, load_gguf, load_hf, load_smollm2, load_tokenizer
 
-    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec))
+    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+                attention_block=spec.attention_block, lora=lora_config(spec))
     src = spec.source
     if src == "smollm2":
         return load_smollm2(mesh=mesh, **over)
@@ -77,7 +78,8 @@ def model_config(spec: ModelSpec, *, vocab_size: int = 95):
     or ``spec.preset``'s shapes (for checking configs whose weights are elsewhere)."""
     from jaxrl_llm.models import PRESETS
 
-    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, lora=lora_config(spec))
+    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+                attention_block=spec.attention_block, lora=lora_config(spec))
     if spec.source in TINY_SOURCES:
         return tiny_config(spec, vocab_size)
     if spec.preset:

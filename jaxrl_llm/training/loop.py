@@ -270,7 +270,7 @@ class RLTrainer(HostLoop):
                  baseline_sampler: Sampler | None = None, aux_params: Any = None, store: PromptStore | None = None,
                  candidates: int = 1, staleness: int = 0, asynchronous: bool = False,
                  prompt_encoder: Callable | None = None, prompt_value: Critic | None = None,
-                 shared_prefix: PrefixPlan | None = None, **loop_kw: Any):
+                 shared_prefix: PrefixPlan | None = None, logprob_packing: Callable | None = None, **loop_kw: Any):
         if sampler.config.num_samples != recipe.num_samples:
             raise ValueError(f"sampler samples {sampler.config.num_samples} completions per prompt but the recipe "
                              f"expects num_samples={recipe.num_samples}")
@@ -388,6 +388,7 @@ class RLTrainer(HostLoop):
         self.candidates = candidates
         self.staleness = staleness
         self.shared_prefix = shared_prefix
+        self.logprob_packing = logprob_packing  # packed log-prob passes (train.max_tokens_per_microbatch) or None
         self.prompt_encoder = prompt_encoder
         self.prompt_value = prompt_value  # PCL's value model of prompts (pass rate at the last prompt token)
         # asynchronous rollout: the next step's first sampling round runs in a background thread
@@ -445,6 +446,9 @@ class RLTrainer(HostLoop):
             if routes is None:
                 raise ValueError("train.routing_replay: this log-prob pass has no routes to replay")
             kw["routes"] = routes
+        if self.logprob_packing is not None and not kw:  # packed passes (train.max_tokens_per_microbatch)
+            return self.logprob_packing(obj.chunk_size, obj.temperature, in_host_memory(params), params, others,
+                                        tokens, mask)
         if self.shared_prefix is not None and prompt_len:
             r = block_rows(self.recipe.num_samples, tokens.shape[0], self.shared_prefix.batch_ways)
             if r > 1 and not check_blocks(tokens, mask, prompt_len, r):

@@ -21,7 +21,7 @@ from jaxrl_llm.core.value import clipped_value_loss
 from jaxrl_llm.models.logprobs import shared_prefix_logprobs, token_logprobs
 from jaxrl_llm.models.transformer import load_balancing_loss, router_mismatch
 
-__all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs",
+__all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs", "packed_logprobs",
            "critic_values", "turn_contributions"]
 
 
@@ -42,10 +42,37 @@ def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperatu
                            False)[:2]
 
 
+def packed_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
+                    with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """Log-probs (and entropies) of a packed micro-batch (:mod:`jaxrl_llm.data.packing`) in its row
+    layout ``[ways * slots, L - 1]``: one forward pass over the packed rows ``packed_tokens [W, S]``
+    (segments attend within themselves, positions restart per segment), the chunked log-probs of
+    every packed target, gathered by ``packed_index`` into each row's target columns (the gather's
+    gradient scatters back). Equal to :func:`policy_logprobs` of the padded rows on every real
+    target (columns outside a row's tokens hold values of no meaning, masked by any loss)."""
+    toks, seg = batch["packed_tokens"], batch["packed_segments"]
+    hidden, _ = model(toks, seg > 0, positions=batch["packed_positions"], segment_ids=seg)
+    lp, ent = token_logprobs(hidden[:, :-1], model.unembedding(), toks[:, 1:], chunk_size=chunk_size,
+                             temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap)
+    idx = batch["packed_index"]
+    ways = toks.shape[0]
+
+    def rows(x):  # [W, S - 1] -> [W * slots, L - 1]: each packed row's own slots, gathered on its device
+        return jax.vmap(lambda xb, ib: xb[ib])(x, idx.reshape(ways, -1, idx.shape[-1])).reshape(idx.shape)
+
+    return rows(lp), (rows(ent) if with_entropy else None)
+
+
 def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_per_prompt, routing_replay,
                     want_router):
     """``(logp, entropy, router stats or None)``; the stats when ``want_router`` (a mixture of
     experts)."""
+    if "packed_tokens" in batch:  # a packed micro-batch: rows as segments of fixed-budget rows
+        if rows_per_prompt or routing_replay or want_router:
+            raise ValueError("a packed micro-batch (train.max_tokens_per_microbatch) cannot be combined with shared "
+                             "prompts (train.shared_prefix), routing replay or a mixture of experts' router loss")
+        return packed_logprobs(model, batch, chunk_size=chunk_size, temperature=temperature,
+                               with_entropy=with_entropy) + (None,)
     if routing_replay and rows_per_prompt:
         raise ValueError("routing replay (train.routing_replay) cannot be combined with shared prompts "
                          "(train.shared_prefix)")
@@ -223,7 +250,7 @@ class PolicyObjective:
             # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
             # the first pass): value = the batch's loss, gradient = sum(coef * d logp)
             lin = jnp.sum(batch["coupled_coef"] * logp)
-            w = batch["coupled_weight"][0]
+            w = jnp.max(batch["coupled_weight"])  # every row holds the batch's weight (packed: empty slots 0)
             coupled = w * (lin - jax.lax.stop_gradient(lin) + jnp.sum(batch["coupled_value"]))
             total, metrics = jnp.zeros_like(logp), {}
         else:

@@ -32,6 +32,7 @@ the fix (the command line prints it in one line and exits with code 2).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -114,6 +115,11 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe
     want = cfg.train.shared_prefix
     if want is False:
         return None, "train.shared_prefix=false"
+    if cfg.train.max_tokens_per_microbatch:
+        if want:
+            raise ConfigError("train.shared_prefix=true and train.max_tokens_per_microbatch (packing) cannot be "
+                              "combined: packed rows are separate segments (set one of them off)")
+        return None, "train.max_tokens_per_microbatch packs the rows' own tokens"
     if (cfg.train.routing_replay or moe) and want is None:
         return None, ("a mixture of experts: each row's own forward pass replays or compares the sampler's routes "
                       "and computes the routers' statistics")
@@ -253,6 +259,64 @@ def update_objective(cfg: RLRunConfig, rec: RLRecipe, model_cfg, batch_ways: int
     return rec, prefix, why
 
 
+def longest_row(cfg: RLRunConfig) -> int:
+    """Tokens of the longest training row a run can build: its largest prompt bucket that the
+    data's prompts can fill, plus ``rollout.max_new_tokens``."""
+    ro = cfg.rollout
+    longest = min(max(ro.prompt_buckets), cfg.data.max_prompt_tokens)
+    return min(b for b in ro.prompt_buckets if b >= longest) + ro.max_new_tokens
+
+
+def _check_long(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
+    """Sequence lengths against the model, packing and context parallelism: one-line errors."""
+    t, m, ro = cfg.train, cfg.mesh, cfg.rollout
+    from jaxrl_llm.models.config import ATTENTION
+
+    if cfg.model.attention not in ATTENTION:
+        raise ConfigError(f"model.attention must be one of {ATTENTION}, got {cfg.model.attention!r}")
+    longest = longest_row(cfg)
+    if longest > model_cfg.max_position_embeddings:
+        raise ConfigError(f"rows of up to {longest} tokens (prompt bucket {longest - ro.max_new_tokens} + "
+                          f"rollout.max_new_tokens={ro.max_new_tokens}) exceed the model's max_position_embeddings="
+                          f"{model_cfg.max_position_embeddings}: lower rollout.max_new_tokens or "
+                          f"rollout.prompt_buckets")
+    for key in ("max_tokens_per_microbatch", "logprob_tokens_per_microbatch"):
+        v = getattr(t, key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise ConfigError(f"train.{key} must be an int >= 0, got {v!r}")
+    if not (isinstance(m.context, int) and m.context >= 1):
+        raise ConfigError(f"mesh.context must be an int >= 1, got {m.context!r}")
+    budget = t.max_tokens_per_microbatch
+    if t.logprob_tokens_per_microbatch and not budget:
+        raise ConfigError("train.logprob_tokens_per_microbatch is the packed log-prob passes' budget: set "
+                          "train.max_tokens_per_microbatch too")
+    if budget:
+        for key, v in (("max_tokens_per_microbatch", budget),
+                       ("logprob_tokens_per_microbatch", t.logprob_tokens_per_microbatch or 2 * budget)):
+            if v < longest:
+                raise ConfigError(f"train.{key}={v} is smaller than one row: the longest row has {longest} tokens "
+                                  f"(prompt bucket {longest - ro.max_new_tokens} + rollout.max_new_tokens="
+                                  f"{ro.max_new_tokens})")
+        if cfg.optim.num_microbatches > 1:
+            raise ConfigError(f"optim.num_microbatches={cfg.optim.num_microbatches} and "
+                              "train.max_tokens_per_microbatch (packing) both set the micro-batches: keep one "
+                              "(packing's follow the batch's tokens)")
+        if model_cfg.is_moe:
+            raise ConfigError("train.max_tokens_per_microbatch (packing) does not take a mixture of experts yet (its "
+                              "routes and router statistics are per padded row): unset it")
+        if rec.needs_critic:
+            raise ConfigError("train.max_tokens_per_microbatch (packing) does not pack the critic's update yet: unset "
+                              "it for a recipe with a critic")
+        if m.context > 1 and budget % m.context:
+            raise ConfigError(f"mesh.context={m.context} must divide train.max_tokens_per_microbatch={budget} (each "
+                              "packed row's tokens are split over the context axis)")
+    elif m.context > 1:
+        bad = [b for b in ro.prompt_buckets if (b + ro.max_new_tokens) % m.context]
+        if bad:
+            raise ConfigError(f"mesh.context={m.context} must divide every row length: prompt bucket {bad[0]} + "
+                              f"rollout.max_new_tokens={ro.max_new_tokens} = {bad[0] + ro.max_new_tokens}")
+
+
 def _check_moe(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
     """``train.routing_replay`` / ``train.router_aux_coef`` need a mixture of experts, and replay
     needs the sampler's routes of every trained row."""
@@ -277,8 +341,8 @@ def _check_mesh(cfg: RLRunConfig, rec: RLRecipe, model_cfg, n_devices: int) -> N
     m = cfg.mesh
     n = m.devices
     if n != n_devices:
-        raise ConfigError(f"mesh: data*fsdp*tensor*expert = {m.data}*{m.fsdp}*{m.tensor}*{m.expert} = {n} must equal "
-                          f"the number of devices ({n_devices})")
+        raise ConfigError(f"mesh: data*fsdp*tensor*expert*context = {m.data}*{m.fsdp}*{m.tensor}*{m.expert}*"
+                          f"{m.context} = {n} must equal the number of devices ({n_devices})")
     if m.expert > 1 and not model_cfg.is_moe:
         raise ConfigError(f"mesh.expert={m.expert} splits the experts of a mixture of experts, but the model "
                           f"({model_cfg.family}) has none")
@@ -365,6 +429,7 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
         n_devices -= ro.sampler_devices
     _check_mesh(cfg, rec, model_cfg, n_devices or m_.devices)
     _check_moe(cfg, rec, model_cfg)
+    _check_long(cfg, rec, model_cfg)
     prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.batch_ways, model_cfg.is_moe)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
@@ -507,7 +572,15 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             ref_params = jax.tree.map(lambda x: x.copy(), params)
     rec, prefix, why = update_objective(cfg, rec, s.base_cfg, cfg.mesh.batch_ways if mesh is not None else 1)
     log.info("train.shared_prefix: %s", f"on, blocks of {prefix.rows_per_prompt} rows" if prefix else f"off ({why})")
-    train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
+    budget = cfg.train.max_tokens_per_microbatch
+    ways = cfg.mesh.batch_ways if mesh is not None else 1
+    if budget:  # packing: micro-batches of one packed row per batch device (data/packing.py)
+        from jaxrl_llm.training.packed_step import make_packed_train_step
+
+        train_step = make_packed_train_step(s.gd, opt, rec.objective, budget=budget, ways=ways, mesh=mesh,
+                                            **shard_kw)
+    else:
+        train_step = make_train_step(s.gd, opt, rec.objective, num_microbatches=o.num_microbatches, **shard_kw)
     data = prompt_dataset(train_src, s.tok,
                           PromptDataConfig(batch_size=cfg.rollout.prompts_per_step * cfg.rollout.candidates,
                                            chat=cfg.data.chat,
@@ -572,10 +645,21 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
                         aux_params=aux_params, store=PromptStore(cfg.data.pass_threshold),
                         candidates=cfg.rollout.candidates, staleness=cfg.rollout.staleness,
                         asynchronous=cfg.rollout.asynchronous, prompt_encoder=encode, prompt_value=prompt_value,
-                        shared_prefix=prefix,
+                        shared_prefix=prefix, logprob_packing=_logprob_packing(s),
                         checkpoint_every=cfg.run.checkpoint_every, eval_fn=evaluate, eval_every=cfg.run.eval_every,
                         log_fn=log_fn, config=resolved)
     return trainer
+
+
+def _logprob_packing(s: _Setup):
+    """The packed log-prob passes of a packing run (``train.max_tokens_per_microbatch``), else None."""
+    t = s.cfg.train
+    if not t.max_tokens_per_microbatch:
+        return None
+    from jaxrl_llm.training.packed_step import PackedLogprobs
+
+    return PackedLogprobs(s.gd, t.logprob_tokens_per_microbatch or 2 * t.max_tokens_per_microbatch,
+                          s.cfg.mesh.batch_ways if s.mesh is not None else 1, mesh=s.mesh)
 
 
 def _finish(s: _Setup, trainer, history: list[dict], evaluate, summary: dict, start_acc: float) -> None:
@@ -640,6 +724,17 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     _check_fields(cfg, files=True)
     use_compile_cache(cfg.run.compile_cache)
     rec = rl_recipe(cfg)  # every name is resolved (and checked) before anything loads
+    try:
+        mcfg = model_config(cfg.model)
+        _check_long(cfg, rec, mcfg)  # lengths against the model, packing, context
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if jax.device_count() - cfg.rollout.sampler_devices == cfg.mesh.devices:  # (else the mesh check says why)
+        from jaxrl_llm.training.preflight import preflight
+
+        pre = preflight(cfg, rec, mcfg, force=cfg.run.force)
+        log.info("preflight (%s): %.2f GiB per device planned at most, %.1f GiB available", pre["checked"],
+                 pre.get("planned_bytes", pre["bound_bytes"]) / 2**30, pre["available_bytes"] / 2**30)
     resolved = to_dict(dataclasses.replace(cfg, recipe=rec.spec))
     s = _setup(cfg, resolved)
     _check_mesh(cfg, rec, s.base_cfg, jax.device_count() - cfg.rollout.sampler_devices)
@@ -655,7 +750,10 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     if trainer.restore():
         log.info("resumed from %s at step %d", ckpt.directory, trainer.iteration)
     t0 = time.perf_counter()
-    history = trainer.run(cfg.run.steps, progress=cfg.run.progress and s.host0)
+    # context parallelism: the trainer's programs are traced under the mesh, so that activations (their
+    # tokens) are split over the context axis and attention gathers keys and values across it
+    with (jax.set_mesh(s.mesh) if s.mesh is not None and cfg.mesh.context > 1 else contextlib.nullcontext()):
+        history = trainer.run(cfg.run.steps, progress=cfg.run.progress and s.host0)
     summary["rl_seconds_this_process"] = time.perf_counter() - t0
     summary["steps"] = trainer.iteration
     if trainer.iteration < cfg.run.steps:  # preempted: the checkpoint is saved, stop here

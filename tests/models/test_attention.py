@@ -4,6 +4,8 @@ scores, shared-prefix parts and KV-cache parts (run-time slots), then the model 
 implementation (log-probs and gradients of packed rows, the shared-prefix pass, KV-cache
 decoding), ``auto``'s choice, and the refusals. ``splash`` runs in Pallas interpret mode."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -293,3 +295,31 @@ def test_refusals_name_what_is_wrong():
         A.attention(q, parts, q_slot=0, impl="splash")
     with pytest.raises(ValueError, match="cudnn needs a GPU"):
         A.attention(q, parts, q_slot=0, impl="cudnn")
+
+
+@pytest.mark.parametrize("impl", ["dense", "blockwise"])
+def test_chunked_prefill_equals_one_call(impl):
+    """A long prompt prefilled in chunks (each attending to the cache so far) leaves the same last
+    hidden state and the same next-token logits after a decode step as one call."""
+    from jaxrl_llm.rollout.sampler import prefill, prefill_slots
+
+    cfg = preset("tiny", sliding_window=5, attention=impl, attention_block=4)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(3)
+    b, p, chunk = 2, 13, 4
+    toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, p)).astype(np.int32))
+    mask = jnp.asarray(np.arange(p)[None] >= np.array([[0], [4]]))
+    nxt = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, 1)).astype(np.int32))
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def run(model, c):
+        cache = init_cache(cfg, b, prefill_slots(p, c) + 2)
+        h, cache = prefill(model, None, toks, mask, cache, chunk=c)
+        h2, _ = model(nxt, jnp.ones((b, 1), bool), cache=cache)
+        return model.logits(h[:, -1]), model.logits(h2[:, -1])
+
+    one = run(model, p)
+    chunked = run(model, chunk)
+    assert prefill_slots(p, chunk) == 16
+    for a, b_ in zip(chunked, one):
+        np.testing.assert_allclose(a, b_, atol=2e-5, rtol=2e-5)
