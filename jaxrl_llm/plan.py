@@ -102,6 +102,7 @@ class PlanSpec:
         packed micro-batch, a row of this many tokens per batch device (the update of one such
         micro-batch: its gradient and the optimiser step), instead of ``rows / num_microbatches``
         padded rows of ``seq_len``.
+      model_name: the name reports show (default: the preset name, or ``"custom"``).
       whole_loop_cost: also compile 1- and 2-layer copies of the step, so that FLOPs, bytes and
         the compiler's time estimate count every trip of the layer scan (XLA's cost analysis
         counts a loop body once): ``cost = c1 + (L - 1) (c2 - c1)``. ``None``: on with a target.
@@ -134,6 +135,7 @@ class PlanSpec:
     target: str | None = None
     whole_loop_cost: bool | None = None
     max_tokens_per_microbatch: int = 0
+    model_name: str | None = None
 
     def model_config(self):
         from jaxrl_llm.models import ModelConfig, preset
@@ -474,7 +476,7 @@ def _refused(spec: PlanSpec, cfg: Any, mesh: Any, pool: list, target: Target | N
     msg = str(err).strip().splitlines()[0][:400]
     m = re.search(r"temporaries \(([0-9.]+)([GM])\)", msg)
     temp = None if m is None else float(m.group(1)) * (GiB if m.group(2) == "G" else 2**20)
-    return {"model": spec.model if isinstance(spec.model, str) else "custom", "family": cfg.family,
+    return {"model": spec.model_name or (spec.model if isinstance(spec.model, str) else "custom"), "family": cfg.family,
             "param_dtype": cfg.param_dtype, "dtype": cfg.dtype, "remat": cfg.remat, "attention": cfg.attention,
             "mesh": dict(zip(spec.mesh_axes, spec.mesh_shape)), "devices": spec.devices,
             "target": None if target is None else dataclasses.asdict(target),
@@ -500,7 +502,7 @@ def _whole_loop_cost(spec: PlanSpec, cfg: Any, opt: Any, objective: Any, mesh: A
         c = cfg.replace(num_layers=n, sliding_layers=None if cfg.sliding_layers is None else cfg.sliding_layers[:n])
         gd, params = nnx.split(nnx.eval_shape(lambda c=c: Transformer(c, rngs=nnx.Rngs(0))))
         with unrolled_layer_scan():
-            compiled = _plan_step(gd, params, opt, objective, spec, mesh)[0]
+            compiled = _plan_step(gd, params, opt, objective, dataclasses.replace(spec, model=c), mesh)[0]
         costs.append(_cost(compiled))
     out = {}
     for k in ("flops", "bytes_accessed"):
@@ -544,7 +546,7 @@ def plan(spec: PlanSpec, *, devices: Any = None, return_compiled: bool = False) 
     cfg = spec.model_config()
     if cfg.attention == "auto" and platform != "cpu":  # decided for the chips compiled for, not this host
         cfg = cfg.replace(attention=resolve_implementation("auto", platform))
-    model_name = spec.model if isinstance(spec.model, str) else "custom"
+    model_name = spec.model_name or (spec.model if isinstance(spec.model, str) else "custom")
     spec = dataclasses.replace(spec, model=cfg) if spec.model is not cfg else spec
 
     gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
@@ -780,7 +782,11 @@ def format_plan(r: dict) -> str:
              + " ".join(f"{k}={v}" for k, v in m.items()), ""]
     sp = r["spec"]
     obj = r.get("objective")
-    lines += [f"Train step: {sp['rows']} rows x {sp['seq_len']} tokens, {sp['num_microbatches']} micro-batch(es), "
+    what = (f"{sp['rows']} rows x {sp['seq_len']} tokens, {sp['num_microbatches']} micro-batch(es)"
+            if not sp.get("max_tokens_per_microbatch") else
+            f"one packed micro-batch, a row of {sp['max_tokens_per_microbatch']} tokens per batch device (the update's "
+            f"{sp['rows']} rows of up to {sp['seq_len']} tokens, packed)")
+    lines += [f"Train step: {what}, "
               f"{sp['optimizer']}{', ' + obj['policy_loss'] + ' / ' + obj['agg_mode'] if obj else ''}; compiled for "
               f"{r['platform']} in {t['compile_s']:.0f} s."
               + (" LoRA: the plan counts every parameter as trained (an upper bound)." if r.get("lora") else ""),
@@ -865,7 +871,8 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     rows = ro.prompts_per_step * ro.num_samples
     reference = "none" if not rec.needs_reference else ("host" if cfg.model.offload_reference else "device")
     m = cfg.mesh
-    fields = dict(model=mcfg, mesh=(m.data, m.fsdp, m.tensor) + ((m.expert,) if m.expert > 1 else ()),
+    fields = dict(model=mcfg, model_name=cfg.model.preset or cfg.model.source,
+                  mesh=(m.data, m.fsdp, m.tensor) + ((m.expert,) if m.expert > 1 else ()),
                   context=m.context, max_tokens_per_microbatch=cfg.train.max_tokens_per_microbatch,
                   rows=rows // rec.num_minibatches, seq_len=prompt_len + ro.max_new_tokens,
                   num_microbatches=cfg.optim.num_microbatches, prompts=ro.prompts_per_step,

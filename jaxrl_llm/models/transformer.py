@@ -194,7 +194,9 @@ def _write(buf: jax.Array, new: jax.Array, index: tuple) -> jax.Array:
     step. On the bits (uint16, a free bitcast) the update is a plain in-place write.
     """
     new = new.astype(buf.dtype)
-    if buf.dtype in (jnp.bfloat16, jnp.float16):
+    # (XLA:CPU only: on TPU and GPU a 16-bit update is native, and the bitcasts made the TPU compiler
+    # keep a second copy of a stacked cache)
+    if buf.dtype in (jnp.bfloat16, jnp.float16) and target_platform() == "cpu":
         out = jax.lax.dynamic_update_slice(jax.lax.bitcast_convert_type(buf, jnp.uint16),
                                            jax.lax.bitcast_convert_type(new, jnp.uint16), index)
         return jax.lax.bitcast_convert_type(out, buf.dtype)

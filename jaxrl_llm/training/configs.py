@@ -51,6 +51,9 @@ class ModelSpec:
     attention: str = "auto"
     #: query and key block of blockwise and splash attention
     attention_block: int = 512
+    #: a mixture of experts: each expert's capacity per sequence, as a multiple of an even share
+    #: (ModelConfig.moe_capacity_factor); null: dropless (the model's own setting)
+    moe_capacity_factor: float | None = None
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple[str, ...] = ALL_LORA_TARGETS

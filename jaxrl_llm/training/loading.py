@@ -39,7 +39,12 @@ def tiny_config(spec: ModelSpec, vocab: int):
     return ModelConfig(vocab_size=vocab, hidden_size=h, num_layers=spec.num_layers, num_heads=4, num_kv_heads=2,
                        head_dim=h // 4, intermediate_size=4 * h, tie_embeddings=True, max_position_embeddings=512,
                        dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
-                       attention_block=spec.attention_block, lora=lora_config(spec), **moe)
+                       attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec), **moe)
+
+
+def _moe_over(spec: ModelSpec) -> dict:
+    """``model.moe_capacity_factor`` when set (else the model's own)."""
+    return {} if spec.moe_capacity_factor is None else {"moe_capacity_factor": float(spec.moe_capacity_factor)}
 
 
 def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
@@ -49,7 +54,7 @@ def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
     from jaxrl_llm.models import Transformer, load_gguf, load_hf, load_smollm2, load_tokenizer
 
     over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
-                attention_block=spec.attention_block, lora=lora_config(spec))
+                attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec))
     src = spec.source
     if src == "smollm2":
         return load_smollm2(mesh=mesh, **over)
@@ -79,7 +84,7 @@ def model_config(spec: ModelSpec, *, vocab_size: int = 95):
     from jaxrl_llm.models import PRESETS
 
     over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
-                attention_block=spec.attention_block, lora=lora_config(spec))
+                attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec))
     if spec.source in TINY_SOURCES:
         return tiny_config(spec, vocab_size)
     if spec.preset:

@@ -173,20 +173,28 @@ def policy_sum_pi_squared(graphdef, chunk_size, temperature, params, others, tok
     return jax.lax.stop_gradient(out[:, :length])
 
 
+#: positions of a row whose logits :func:`policy_head_grad_norm` forms at once
+HEAD_GRAD_CHUNK = 512
+
+
 @partial(jax.jit, static_argnums=(0,))
 def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask, routes=None):
     """``[N]`` per row, the L2 norm of the gradient of the row's response log-likelihood
     ``sum_t log pi(y_t)`` (temperature 1, over ``loss_mask``) with respect to the output
     projection ``W [D, V]``: ``|| sum_t h_t (onehot(y_t) - pi_t)^T ||`` from the final hidden
-    states, one row at a time (``[L, V]`` logits per row, no backward pass)."""
+    states, one row at a time and :data:`HEAD_GRAD_CHUNK` positions at a time (``[chunk, V]`` logits, a
+    ``[D, V]`` accumulator per row; no backward pass)."""
     from flax import nnx
 
     model = nnx.merge(graphdef, params, *others)
     hidden, _ = model(tokens, mask, routes=routes)
     w = model.unembedding().astype(jnp.float32)
     cap = model.final_softcap
+    length = hidden.shape[1] - 1
+    c = min(HEAD_GRAD_CHUNK, length)
+    pad = (-length) % c
 
-    def one(args):
+    def chunk(g, args):  # the row's gradient so far [D, V], plus one chunk's h^T e ([c, V] logits at a time)
         h, y, m = args
         h = h.astype(jnp.float32)
         z = h @ w
@@ -194,7 +202,13 @@ def policy_head_grad_norm(graphdef, params, others, tokens, mask, loss_mask, rou
         e = (jax.nn.one_hot(y, w.shape[1], dtype=jnp.float32) - p) * m[:, None]
         if cap is not None:  # through the soft-cap: d(c tanh(z / c)) / dz = 1 - tanh^2
             e = e * (1.0 - jnp.square(jnp.tanh(z / cap)))
-        return jnp.sqrt(jnp.sum((h.T @ e) ** 2))
+        return g + h.T @ e, None
+
+    def one(args):
+        h, y, m = (jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)) for a in args)
+        xs = (h.reshape((-1, c) + h.shape[1:]), y.reshape(-1, c), m.reshape(-1, c))
+        g, _ = jax.lax.scan(chunk, jnp.zeros(w.shape, jnp.float32), xs)
+        return jnp.sqrt(jnp.sum(g ** 2))
 
     out = jax.lax.map(one, (hidden[:, :-1], tokens[:, 1:], loss_mask.astype(jnp.float32)))
     return jax.lax.stop_gradient(out)

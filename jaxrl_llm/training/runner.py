@@ -354,7 +354,7 @@ def _check_mesh(cfg: RLRunConfig, rec: RLRecipe, model_cfg, n_devices: int) -> N
         raise ConfigError(f"recipe.num_minibatches={rec.num_minibatches} must divide the rollout rows "
                           f"prompts_per_step*num_samples={rows}")
     per_update = rows // rec.num_minibatches
-    if per_update % (batch_ways * cfg.optim.num_microbatches):
+    if not cfg.train.max_tokens_per_microbatch and per_update % (batch_ways * cfg.optim.num_microbatches):
         raise ConfigError(f"each update has {per_update} rows, which must divide into optim.num_microbatches="
                           f"{cfg.optim.num_microbatches} micro-batches across data*fsdp*expert={batch_ways} devices")
     if m.tensor > 1:

@@ -26,7 +26,12 @@ def sft_warmup(cfg: RLRunConfig, gd, state_params, frozen, tok, sft_rows, log_fn
     opt = make_optimizer(s.lr, s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
                          weight_decay=s.weight_decay, max_grad_norm=cfg.optim.max_grad_norm)
     state = init_train_state(state_params, opt, seed=cfg.run.seed)
-    step = make_train_step(gd, opt, SFTObjective())
+    if cfg.train.max_tokens_per_microbatch:  # packed like the RL update (train.max_tokens_per_microbatch)
+        from jaxrl_llm.training.packed_step import make_packed_train_step
+
+        step = make_packed_train_step(gd, opt, SFTObjective(), budget=cfg.train.max_tokens_per_microbatch)
+    else:
+        step = make_train_step(gd, opt, SFTObjective())
     data = sft_dataset(ListSource(sft_rows, "sft"), tok,
                        SFTDataConfig(batch_size=s.batch_size, chat=cfg.data.chat, system_prompt=cfg.data.system_prompt,
                                      length_buckets=tuple(cfg.rollout.prompt_buckets), seed=cfg.run.seed),
