@@ -686,15 +686,17 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def search(spec: PlanSpec, *, devices: Any = None, max_compiles: int = 24, log: Any = None) -> dict:
-    """The fastest execution settings of ``spec``'s train step that fit (MaxText's estimator idea,
-    for the RL step): for each remat policy (``none``, ``dots``, ``full``) the smallest context
-    split and micro-batch count (in that order of preference: fewer micro-batches keep the
-    matmuls large, a smaller context axis moves fewer keys) whose compiled peak fits the devices'
-    memory; among those, the one with the least compute (:data:`REMAT_COMPUTE`). The rest of the
-    mesh is FSDP: ``(data, devices / (data * tensor * context), tensor)``. Needs a memory size:
+def search(spec: PlanSpec, *, devices: Any = None, max_compiles: int = 18, log: Any = None) -> dict:
+    """The least-compute execution settings of ``spec``'s train step that fit (MaxText's estimator
+    idea, for the RL step). For each remat policy (``full``, ``dots``, ``none``) the candidates
+    (context split x micro-batches, the rest of the mesh FSDP: ``(data, devices / (data * tensor *
+    context), tensor)``) are ordered by how much they divide a device's activations (``context *
+    micro-batches``; at a tie, fewer micro-batches first: larger matmuls, and a smaller context
+    axis: fewer keys moved), and searched for the first that fits: doubling through that order,
+    then bisecting back, a few compiles per policy. Among the fits, the one with the least
+    compute (:data:`REMAT_COMPUTE`), then the least division. Needs the devices' memory:
     ``spec.target``'s, or ``spec.hbm_gib`` / ``spec.chip``. Returns ``{"tried": [...], "best":
-    report or None}``; ``log(line)`` is called after each compile."""
+    report or None, "best_settings": ...}``; ``log(row)`` is called after each compile."""
     check_spec(spec)
     target = parse_target(spec.target) if spec.target is not None else None
     if target is not None:
@@ -714,47 +716,68 @@ def search(spec: PlanSpec, *, devices: Any = None, max_compiles: int = 24, log: 
     fixed = data * tensor * (expert or 1)
     if n % fixed:
         raise ValueError(f"plan --search: data*tensor{'*expert' if expert else ''}={fixed} must divide the {n} devices")
-    tried, fits = [], []
-    compiles = 0
-    for remat in ("none", "dots", "full"):
-        options = []
-        for ctx in _divisors(n // fixed):
-            if spec.seq_len % ctx:
-                continue
-            fsdp = n // fixed // ctx
-            ways = data * fsdp * (expert or 1)
-            if spec.rows % ways:
-                continue
-            for mb in _divisors(spec.rows // ways):
-                options.append((ctx * mb, mb, ctx, fsdp))
-        for _, mb, ctx, fsdp in sorted(options):
-            if compiles >= max_compiles:
+    options = []
+    for ctx in _divisors(n // fixed):
+        length = spec.max_tokens_per_microbatch or spec.seq_len
+        if length % ctx:
+            continue
+        fsdp = n // fixed // ctx
+        ways = data * fsdp * (expert or 1)
+        if spec.rows % ways:
+            continue
+        mbs = [1] if spec.max_tokens_per_microbatch else _divisors(spec.rows // ways)
+        for mb in mbs:
+            options.append((ctx * mb, mb, ctx, fsdp))
+    options.sort()
+    tried, fits, cache = [], [], {}
+    per_policy = max(1, max_compiles // 3)
+
+    def attempt(remat, i):
+        if (remat, i) in cache:
+            return cache[(remat, i)]
+        _, mb, ctx, fsdp = options[i]
+        mesh = (data, fsdp, tensor) + ((expert,) if expert else ())
+        cand = dataclasses.replace(spec, remat=remat, context=ctx, mesh=mesh, num_microbatches=mb, prompts=0,
+                                   whole_loop_cost=False)
+        r = plan(cand, devices=devices)
+        t = r["train_step"]
+        peak = t.get("peak_with_reference")
+        ok = bool(peak is not None and peak <= usable * GiB)
+        row = {"remat": remat, "context": ctx, "fsdp": fsdp, "num_microbatches": mb, "fits": ok,
+               "peak_gib": None if peak is None else peak / GiB,
+               "temp_gib": None if t.get("compiled_temp") is None else t["compiled_temp"] / GiB,
+               "refused": t.get("refused")}
+        if ok:
+            fits.append((t["flops_model_per_device"] * REMAT_COMPUTE[remat], options[i][0], mb, ctx, row, r))
+        tried.append(row)
+        if log is not None:
+            log(row)
+        cache[(remat, i)] = ok
+        return ok
+
+    for remat in ("full", "dots", "none"):
+        budget = per_policy
+        lo, hi, i = -1, None, 0  # lo: last index known not to fit; hi: first index known to fit
+        while i < len(options) and budget > 0:  # doubling
+            budget -= 1
+            if attempt(remat, i):
+                hi = i
                 break
-            mesh = (data, fsdp, tensor) + ((expert,) if expert else ())
-            cand = dataclasses.replace(spec, remat=remat, context=ctx, mesh=mesh, num_microbatches=mb, prompts=0,
-                                       whole_loop_cost=False)
-            r = plan(cand, devices=devices)
-            compiles += 1
-            t = r["train_step"]
-            peak = t.get("peak_with_reference", None)
-            ok = bool(peak is not None and peak <= usable * GiB)
-            row = {"remat": remat, "context": ctx, "fsdp": fsdp, "num_microbatches": mb, "fits": ok,
-                   "peak_gib": None if peak is None else peak / GiB,
-                   "temp_gib": None if t.get("compiled_temp") is None else t["compiled_temp"] / GiB,
-                   "refused": t.get("refused")}
-            if ok:
-                row["compute"] = t["flops_model_per_device"] * REMAT_COMPUTE[remat]
-                fits.append((row["compute"], ctx, mb, row, r))
-            tried.append(row)
-            if log is not None:
-                log(row)
-            if ok:
-                break  # the smallest split that fits this remat policy
-        if fits and remat == "none":
-            break  # nothing computes less
-    best = min(fits, key=lambda f: f[:3]) if fits else None
-    return {"usable_hbm_gib": usable, "tried": tried, "best": None if best is None else best[4],
-            "best_settings": None if best is None else {k: best[3][k] for k in
+            lo, i = i, 2 * i + 1
+        if hi is None and budget > 0 and lo < len(options) - 1 and i >= len(options):
+            budget -= 1
+            if attempt(remat, len(options) - 1):
+                hi = len(options) - 1
+        while hi is not None and hi - lo > 1 and budget > 0:  # bisect between the last fail and the first fit
+            budget -= 1
+            mid = (lo + hi) // 2
+            if attempt(remat, mid):
+                hi = mid
+            else:
+                lo = mid
+    best = min(fits, key=lambda f: f[:4]) if fits else None
+    return {"usable_hbm_gib": usable, "tried": tried, "best": None if best is None else best[5],
+            "best_settings": None if best is None else {k: best[4][k] for k in
                                                         ("remat", "context", "fsdp", "num_microbatches")}}
 
 
