@@ -13,7 +13,8 @@ Everything per row stays in the row layout: per-token arrays (``loss_mask``, ``o
 ``advantages`` ... ``[N, L - 1]``, target-aligned) and per-row arrays (``scores``, ``group_ids``
 ... ``[N]``) are copied into the micro-batch's row slots ``[ways * slots, ...]`` (bin-major, so a
 device's slots are its own packed row's segments; empty slots are zeros: no token, no weight),
-and ``packed_index [ways * slots, L - 1]`` says where in its packed row each target sits. A
+and ``packed_index [ways * slots, L - 1]`` says where in its packed row each target sits (-1 where a
+row has no real target: padding, an empty slot). A
 forward pass on the packed tokens gathers its log-probs back into the row layout
 (:func:`jaxrl_llm.training.objectives.policy_logprobs`), so every loss, aggregation mode and
 normaliser reads the same arrays as without packing (exact up to float summation order).
@@ -51,14 +52,16 @@ def row_runs(mask: np.ndarray, *, what: str = "batch") -> tuple[np.ndarray, np.n
     return first, n
 
 
-def first_fit_decreasing(lengths: np.ndarray, budget: int) -> list[list[int]]:
+def first_fit_decreasing(lengths: np.ndarray, budget: int, key: str = "train.max_tokens_per_microbatch"
+                         ) -> list[list[int]]:
     """Bins of row indices whose lengths sum to at most ``budget`` each: rows taken longest first
-    (ties by index), each into the first bin with room. Rows of length 0 go into no bin."""
+    (ties by index), each into the first bin with room. Rows of length 0 go into no bin. ``key``:
+    the setting the budget comes from (named by the error of a row longer than it)."""
     lengths = np.asarray(lengths, np.int64)
     if len(lengths) and int(lengths.max()) > budget:
         r = int(lengths.argmax())
         raise ValueError(f"packing: row {r} has {int(lengths[r])} tokens, more than the budget of {budget} tokens per "
-                         "packed row (train.max_tokens_per_microbatch)")
+                         f"packed row ({key})")
     order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -107,15 +110,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def plan_packing(mask: np.ndarray, budget: int, ways: int = 1, *, min_slots: int = 1) -> PackLayout:
+def plan_packing(mask: np.ndarray, budget: int, ways: int = 1, *, min_slots: int = 1,
+                 key: str = "train.max_tokens_per_microbatch") -> PackLayout:
     """The :class:`PackLayout` of a padded batch's ``mask [N, L]``: ``budget`` tokens per packed
-    row, ``ways`` packed rows per micro-batch."""
+    row, ``ways`` packed rows per micro-batch (``key``: the setting the budget comes from)."""
     if budget < 2:
         raise ValueError(f"packing: the budget must be >= 2 tokens per packed row, got {budget}")
     if ways < 1:
         raise ValueError(f"packing: ways must be >= 1, got {ways}")
     first, length = row_runs(mask)
-    bins = first_fit_decreasing(length, budget)
+    bins = first_fit_decreasing(length, budget, key)
     slots = _pow2(max([len(b) for b in bins] + [min_slots, 1]))
     return PackLayout(int(budget), int(ways), slots, tuple(tuple(b) for b in bins), first, length,
                       int(np.asarray(mask).shape[0]), int(np.asarray(mask).shape[1]))
@@ -143,7 +147,7 @@ def pack_microbatches(batch: dict[str, np.ndarray], layout: PackLayout, *, token
         toks = np.zeros((w, budget), np.int32)
         seg = np.zeros((w, budget), np.int32)
         pos = np.zeros((w, budget), np.int32)
-        index = np.zeros((w * s, width - 1), np.int32)
+        index = np.full((w * s, width - 1), -1, np.int32)  # -1: no target of a real token there
         take = np.full(w * s, -1, np.int64)  # the batch row in each slot (-1: empty)
         for j in range(w):
             b = m * w + j

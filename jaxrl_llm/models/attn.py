@@ -23,9 +23,10 @@ attends to (its own keys, a shared prompt's keys, a KV cache) and a description 
   of own keys without soft-cap or segment ids (its API has neither); each row's contiguous
   run of real tokens is moved to the front so that the padding is expressed by sequence
   lengths. Other calls use ``blockwise``.
-- ``"auto"``: ``splash`` on TPU, ``cudnn`` on GPU (``blockwise`` where cuDNN cannot), on CPU
-  ``dense`` while the keys number at most :data:`AUTO_DENSE_MAX_KEYS` and ``blockwise`` above
-  (so every run at the lengths recorded so far keeps its numbers).
+- ``"auto"``: ``splash`` on TPU, ``cudnn`` on GPU, on CPU ``dense`` while the keys number at
+  most :data:`AUTO_DENSE_MAX_KEYS` and ``blockwise`` above (so every run at the lengths recorded
+  so far keeps its numbers); a call the platform's kernel cannot take (decoding over a KV cache,
+  packed rows or float32 under cuDNN) by the CPU rule.
 
 Conventions shared by all implementations (those of the model's KV cache): ``q [B, T, H, Dh]``,
 query head ``k * G + g`` reads key head ``k``; a part is ``(k, v, k_slot, k_valid, k_seg[,
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -96,38 +98,45 @@ def _slots(s: Any, n: int) -> jax.Array:
     return jnp.asarray(s)
 
 
-_TARGET: list[str] = []  # compile_for(): the platform being compiled for, innermost last
-_INTERPRET: list[bool] = []  # splash_interpret(): run splash in Pallas interpret mode
+class _Local(threading.local):
+    """Per-thread settings (the asynchronous sampler traces in its own thread)."""
+
+    def __init__(self):
+        self.target: list[str] = []  # compile_for(): the platform being compiled for, innermost last
+        self.interpret: list[bool] = []  # splash_interpret(): run splash in Pallas interpret mode
+
+
+_LOCAL = _Local()
 
 
 class _Stack:
-    def __init__(self, stack: list, value: Any):
-        self.stack, self.value = stack, value
+    def __init__(self, name: str, value: Any):
+        self.name, self.value = name, value
 
     def __enter__(self):
-        self.stack.append(self.value)
+        getattr(_LOCAL, self.name).append(self.value)
         return self.value
 
     def __exit__(self, *exc):
-        self.stack.pop()
+        getattr(_LOCAL, self.name).pop()
 
 
 def compile_for(platform: str) -> _Stack:
     """``with compile_for("tpu"):`` -- trace for that platform although JAX's default backend is
     another (the planner compiling for a TPU topology on a CPU host): ``"auto"`` resolves for it
     and ``splash`` builds the real kernel, not its interpreter."""
-    return _Stack(_TARGET, str(platform).lower())
+    return _Stack("target", str(platform).lower())
 
 
 def splash_interpret() -> _Stack:
     """``with splash_interpret():`` -- ``splash`` runs in Pallas interpret mode (on CPU: tests)."""
-    return _Stack(_INTERPRET, True)
+    return _Stack("interpret", True)
 
 
 def target_platform() -> str:
     """The platform traced for: :func:`compile_for`'s, else JAX's default backend (``"cuda"`` and
     ``"rocm"`` read as ``"gpu"``)."""
-    p = _TARGET[-1] if _TARGET else jax.default_backend()
+    p = _LOCAL.target[-1] if _LOCAL.target else jax.default_backend()
     return "gpu" if p in ("cuda", "rocm") else p
 
 
@@ -508,12 +517,12 @@ def _splash_block(n: int, block: int) -> int:
 def _mesh_axes_for(names):
     """The mesh axes the active logical rules map the activation axes ``names`` to (tuples),
     restricted to the current mesh; empty tuples without a mesh."""
-    from jaxrl_llm.parallel.sharding import _ACTIVE_RULES, _rules_dict
+    from jaxrl_llm.parallel.sharding import _rules_dict, active_rules
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         return None
-    table = _rules_dict(_ACTIVE_RULES[-1])
+    table = _rules_dict(active_rules())
     return mesh, [tuple(a for a in table.get(n, ()) if a in mesh.shape and mesh.shape[a] > 1) for n in names]
 
 
@@ -540,7 +549,7 @@ def splash_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, s
     g = h // kh
     scale = dh ** -0.5 if scale is None else scale
     if interpret is None:
-        interpret = bool(_INTERPRET) and _INTERPRET[-1]
+        interpret = bool(_LOCAL.interpret) and _LOCAL.interpret[-1]
         if not interpret and target_platform() != "tpu":
             raise ValueError(f"model.attention=splash is a TPU kernel; on {target_platform()} it runs only in Pallas "
                              "interpret mode (tests: `with jaxrl_llm.models.attn.splash_interpret():`), use "
@@ -630,9 +639,17 @@ def splash_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, s
 
 
 # ----------------------------------------------------------------------------------------- cudnn
-def cudnn_supports(q, parts, *, q_slot, q_seg=None, softcap=None) -> str | None:
-    """Why :func:`cudnn_attention` cannot take this call (None: it can)."""
+def cudnn_supports(q, parts, *, q_slot, q_seg=None, softcap=None, window=None, kernel: bool = True
+                   ) -> str | None:
+    """Why :func:`cudnn_attention` cannot take this call (None: it can). ``kernel``: also the
+    kernel's own limits (16-bit inputs, head sizes), not only what the call's mapping expresses."""
     parts = [_part(p) for p in parts]
+    if kernel and jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"cuDNN's fused attention takes bfloat16 or float16, not {jnp.dtype(q.dtype).name}"
+    if kernel and (q.shape[-1] % 8 or q.shape[-1] > 256):
+        return f"cuDNN's fused attention takes head sizes that are multiples of 8 up to 256, not {q.shape[-1]}"
+    if window is not None and not isinstance(window, (int, np.integer)):
+        return "a window that is a traced value (the scanned layers of a model with local and global layers)"
     if len(parts) != 1 or parts[0].rows != 1:
         return "it takes one part of the rows' own keys (no shared prompt, no KV cache)"
     if q_seg is not None:
@@ -654,7 +671,8 @@ def cudnn_attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, so
     are not contiguous gets NaN outputs (never silently wrong numbers). ``implementation="xla"``
     runs the same call through XLA (how the CPU tests check the mapping)."""
     parts = [_part(p) for p in parts]
-    why = cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap)
+    why = cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap, window=window,
+                         kernel=implementation == "cudnn")
     if why is not None:
         raise ValueError(f"model.attention=cudnn cannot take this call: {why}")
     p = parts[0]
@@ -806,9 +824,16 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
     parts = [_part(p) for p in parts]
     kw = dict(q_slot=q_slot, window=window, q_seg=q_seg, scale=scale, softcap=softcap)
     if impl == "auto":
-        impl = resolve_implementation("auto", num_keys=sum(p.k.shape[3] for p in parts))
-        if impl == "cudnn" and cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap) is not None:
-            impl = "blockwise"
+        keys = sum(p.k.shape[3] for p in parts)
+        impl = resolve_implementation("auto", num_keys=keys)
+        # a call the platform's kernel cannot take (decoding over a cache, packed rows under cuDNN, ...):
+        # dense while the keys are few, blockwise above
+        fallback = "dense" if keys <= AUTO_DENSE_MAX_KEYS else "blockwise"
+        if impl == "cudnn" and cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap,
+                                              window=window) is not None:
+            impl = fallback
+        if impl == "splash" and _static_layout(q_slot, parts) is None:
+            impl = fallback
     found = context_axes()
     if found is not None and _context_parallel_applies(q, parts, q_slot):
         if impl == "cudnn":  # per shard the queries start past the keys: not cuDNN's causal layout
@@ -825,6 +850,6 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
     if target_platform() != "gpu":
         raise ValueError(f"model.attention=cudnn needs a GPU (tracing for {target_platform()}); use blockwise "
                          "(or auto)")
-    if cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap) is not None:
+    if cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap, window=window) is not None:
         return blockwise_attention(q, parts, block_q=block_q, block_k=block_k, **kw)
     return cudnn_attention(q, parts, q_valid=q_valid, **kw)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import jax
@@ -106,19 +107,24 @@ class SharedPrefix(NamedTuple):
 
 RING_FAMILIES = ("gemma2", "gemma3")
 
-_UNROLL_SCAN: list[bool] = []  # unrolled_layer_scan(): the planner's cost of every layer
+class _Unroll(threading.local):
+    def __init__(self):
+        self.stack: list[bool] = []  # unrolled_layer_scan(): the planner's cost of every layer
+
+
+_UNROLL = _Unroll()
 
 
 class unrolled_layer_scan:  # noqa: N801 (a context manager)
-    """``with unrolled_layer_scan():`` -- models traced inside unroll their layer scan (the same
-    program without the loop). The planner compiles 1- and 2-layer copies this way: XLA's cost
-    analysis counts a loop's body once, an unrolled program's every layer."""
+    """``with unrolled_layer_scan():`` -- models traced inside (in this thread) unroll their layer
+    scan (the same program without the loop). The planner compiles 1- and 2-layer copies this way:
+    XLA's cost analysis counts a loop's body once, an unrolled program's every layer."""
 
     def __enter__(self):
-        _UNROLL_SCAN.append(True)
+        _UNROLL.stack.append(True)
 
     def __exit__(self, *exc):
-        _UNROLL_SCAN.pop()
+        _UNROLL.stack.pop()
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any | None = None,
@@ -286,14 +292,16 @@ class Proj(nnx.Module):
             self.lora_a = self.lora_b = None
             self.lora_scale = 0.0
 
-    def _dot(self, x, w):
-        # a 16-bit compute dtype on an accelerator: the product leaves the matmul unit in that dtype
-        # (accumulated in float32 inside it); on CPU float32 as always (the same numbers as before)
-        out = self.dtype if (self.dtype.itemsize < 4 and target_platform() != "cpu") else jnp.float32
-        return dense(x.astype(self.dtype), w.astype(self.dtype), self.n_in, out)
+    def _dot(self, x, w, narrow: bool = False):
+        # ``narrow``: with a 16-bit compute dtype on an accelerator, the product leaves the matmul
+        # unit in that dtype (accumulated in float32 inside it); otherwise, and on CPU always,
+        # float32 (the same numbers as before)
+        narrow = narrow and self.dtype.itemsize < 4 and target_platform() != "cpu"
+        return dense(x.astype(self.dtype), w.astype(self.dtype), self.n_in, self.dtype if narrow else jnp.float32)
 
     def __call__(self, x):
-        y = self._dot(x, self.kernel[...])
+        # rounded to the compute dtype once: in the matmul when nothing is added to it, else after
+        y = self._dot(x, self.kernel[...], narrow=self.bias is None and self.lora_a is None)
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
         if self.lora_a is not None:
@@ -800,7 +808,7 @@ class Transformer(nnx.Module):
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
             extra = {} if replay_xs is None else {"replay": replay_xs}
             h, (new_kv, router) = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows), extra) + cache_xs,
-                                               unroll=bool(_UNROLL_SCAN and _UNROLL_SCAN[-1]))
+                                               unroll=bool(_UNROLL.stack and _UNROLL.stack[-1]))
         else:
             if len(layers) != cfg.num_layers:
                 raise ValueError(f"argument 'layers' must hold {cfg.num_layers} layer states, got {len(layers)}")

@@ -24,6 +24,7 @@ inputs, which is what the pjit-style ``in_shardings``/``out_shardings`` of our s
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -92,13 +93,21 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 # resharding once per rollout (Sampler(param_rules=SAMPLER_RULES)) gathers them once.
 SAMPLER_RULES: tuple[tuple[str, Any], ...] = tuple((k, None if k == "embed" else v) for k, v in DEFAULT_RULES)
 
-_ACTIVE_RULES: list[tuple[tuple[str, Any], ...]] = [DEFAULT_RULES]
+class _Rules(threading.local):
+    """The stack of :class:`logical_rules` tables, one per thread (the asynchronous sampler's thread
+    traces with decoding rules while the main thread traces the update)."""
+
+    def __init__(self):
+        self.stack: list[tuple[tuple[str, Any], ...]] = [DEFAULT_RULES]
+
+
+_RULES = _Rules()
 
 
 def active_rules() -> tuple[tuple[str, Any], ...]:
     """The rules :func:`constrain` uses now (the innermost :class:`logical_rules`, else
     :data:`DEFAULT_RULES`)."""
-    return _ACTIVE_RULES[-1]
+    return _RULES.stack[-1]
 
 
 def decode_rules(rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> tuple[tuple[str, Any], ...]:
@@ -113,7 +122,9 @@ def decode_rules(rules: Iterable[tuple[str, Any]] = DEFAULT_RULES) -> tuple[tupl
         elif name == "act_seq":
             target = None
         out.append((name, target))
-    return tuple(out)
+    # no backward pass to prepare the lookup's layout for (constrain_lookup): the TPU compiler's
+    # partitioner failed on its intermediate layout when the prompts do not fill every batch axis
+    return tuple(out) + (("_decoding", None),)
 
 
 def make_mesh(shape: Sequence[int] = (1, 1, 1), axes: Sequence[str] = MESH_AXES,
@@ -257,11 +268,11 @@ class logical_rules:  # noqa: N801 (used as a context manager)
         self.rules = tuple(rules)
 
     def __enter__(self):
-        _ACTIVE_RULES.append(self.rules)
+        _RULES.stack.append(self.rules)
         return self.rules
 
     def __exit__(self, *exc):
-        _ACTIVE_RULES.pop()
+        _RULES.stack.pop()
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
@@ -275,7 +286,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
         return x
     if len(names) != x.ndim:
         raise ValueError(f"constrain: {len(names)} axis names {tuple(names)} for an array of shape {x.shape}")
-    spec = logical_to_spec(names, _ACTIVE_RULES[-1], mesh, x.shape)
+    spec = logical_to_spec(names, _RULES.stack[-1], mesh, x.shape)
     return jax.lax.with_sharding_constraint(x, spec)
 
 
@@ -299,8 +310,10 @@ def constrain_lookup(x: jax.Array) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         return x
-    rules = _ACTIVE_RULES[-1]
+    rules = _RULES.stack[-1]
     table = _rules_dict(rules)
+    if "_decoding" in table:  # decode_rules: forward only, the partitioner's own choice
+        return x
     embed = table.get("embed", ())
     between = tuple(rules) + (("_lookup_batch", tuple(a for a in table.get("act_batch", ()) if a not in embed)),
                               ("_lookup_embed", embed))

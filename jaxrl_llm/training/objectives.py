@@ -49,16 +49,18 @@ def packed_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperatu
     (segments attend within themselves, positions restart per segment), the chunked log-probs of
     every packed target, gathered by ``packed_index`` into each row's target columns (the gather's
     gradient scatters back). Equal to :func:`policy_logprobs` of the padded rows on every real
-    target (columns outside a row's tokens hold values of no meaning, masked by any loss)."""
+    target (0 in the columns outside a row's real targets)."""
     toks, seg = batch["packed_tokens"], batch["packed_segments"]
     hidden, _ = model(toks, seg > 0, positions=batch["packed_positions"], segment_ids=seg)
     lp, ent = token_logprobs(hidden[:, :-1], model.unembedding(), toks[:, 1:], chunk_size=chunk_size,
                              temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap)
     idx = batch["packed_index"]
     ways = toks.shape[0]
+    real = idx >= 0  # -1: padding or an empty slot, 0 there
 
     def rows(x):  # [W, S - 1] -> [W * slots, L - 1]: each packed row's own slots, gathered on its device
-        return jax.vmap(lambda xb, ib: xb[ib])(x, idx.reshape(ways, -1, idx.shape[-1])).reshape(idx.shape)
+        got = jax.vmap(lambda xb, ib: xb[ib])(x, jnp.maximum(idx, 0).reshape(ways, -1, idx.shape[-1]))
+        return jnp.where(real, got.reshape(idx.shape), 0.0)
 
     return rows(lp), (rows(ent) if with_entropy else None)
 

@@ -31,6 +31,7 @@ from flax import nnx
 
 from jaxrl_llm.core.stats import safe_divide
 from jaxrl_llm.data.packing import pack_microbatches, plan_packing, unpack_rows
+from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.step import TrainState, _all_finite
 
 __all__ = ["PackedTrainStep", "make_packed_train_step", "PackedLogprobs"]
@@ -115,7 +116,7 @@ class PackedTrainStep:
         self._apply = jax.jit(apply, **jit_apply)
         self._forward_logp = jax.jit(forward_logp)
         self._context = jax.jit(context)
-        self._frozen_shardings = frozen_shardings
+        del frozen_shardings  # the frozen parts keep the layout they arrive in (the unpacked step's in_shardings)
 
     # ------------------------------------------------------------------------------------ host
     def _put(self, mb: dict) -> dict:
@@ -147,8 +148,7 @@ class PackedTrainStep:
             extra_metrics: dict = {}
             if self.coupled:
                 mbs = pack_microbatches(rows, layout)
-                per = [np.asarray(jax.device_get(self._forward_logp(state.params, self._put(mb), *frozen)))
-                       for mb in mbs]
+                per = [np.asarray(gather(self._forward_logp(state.params, self._put(mb), *frozen))) for mb in mbs]
                 logp = unpack_rows(per, mbs, layout.num_rows)
                 ctx, extra_metrics = self._context(jnp.asarray(logp), {k: jnp.asarray(v) for k, v in rows.items()},
                                                    keys[0])
@@ -197,7 +197,7 @@ class PackedLogprobs:
     """Teacher-forced log-probs of a padded batch through packed micro-batches of ``ways`` rows of
     ``budget`` tokens (forward only: verl's ``log_prob_max_token_len_per_gpu``, usually larger than
     the update's budget): ``fn(chunk_size, temperature, from_host, params, others, tokens, mask)
-    -> [N, L - 1]`` host array, 0 outside each row's real tokens. The RL loop's old, reference and
+    -> [N, L - 1]`` host array (every process gets all of it), 0 outside each row's real targets. The RL loop's old, reference and
     auxiliary log-prob passes use it when the run packs (``train.max_tokens_per_microbatch``)."""
 
     def __init__(self, graphdef: nnx.GraphDef, budget: int, ways: int = 1, mesh: Any = None):
@@ -207,7 +207,7 @@ class PackedLogprobs:
         import contextlib
 
         tokens, mask = np.asarray(tokens), np.asarray(mask)
-        layout = plan_packing(mask, self.budget, self.ways)
+        layout = plan_packing(mask, self.budget, self.ways, key="train.logprob_tokens_per_microbatch")
         mbs = pack_microbatches({"tokens": tokens, "mask": mask}, layout)
         outs = []
         ctx = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
@@ -219,6 +219,6 @@ class PackedLogprobs:
 
                     dev = {k: jax.device_put(v, logical_sharding(("batch",) + (None,) * (v.ndim - 1), self.mesh,
                                                                  shape=v.shape)) for k, v in dev.items()}
-                outs.append(np.asarray(jax.device_get(_packed_logp(self.graphdef, chunk_size, temperature, from_host,
-                                                                   params, others, dev))))
+                outs.append(np.asarray(gather(_packed_logp(self.graphdef, chunk_size, temperature, from_host, params,
+                                                           others, dev))))
         return unpack_rows(outs, mbs, layout.num_rows)

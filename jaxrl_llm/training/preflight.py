@@ -105,8 +105,8 @@ def preflight(cfg: Any, rec: Any, model_cfg: Any, *, force: bool = False, device
     from jaxrl_llm.config import ConfigError
 
     devs = list(devices or jax.devices())
+    budget, what = device_memory([d for d in devs if d.process_index == jax.process_index()] or devs)
     n = cfg.mesh.devices
-    budget, what = device_memory(devs[:n] if devs[0].platform != "cpu" else devs)
     bound = rough_peak(cfg, rec, model_cfg, n)
     out = {"available_bytes": budget, "bound_bytes": bound}
     if bound <= 0.5 * budget:
@@ -130,7 +130,8 @@ def preflight(cfg: Any, rec: Any, model_cfg: Any, *, force: bool = False, device
     fixes = []
     if model_cfg.remat != "full":
         fixes.append("model.remat=full")
-    if model_cfg.attention in ("auto", "dense") and worst != "the sampler":
+    if worst != "the sampler" and (model_cfg.attention == "dense" or (model_cfg.attention == "auto"
+                                                                       and devs[0].platform == "cpu")):
         fixes.append("model.attention=blockwise")
     if worst != "the sampler":
         if cfg.train.max_tokens_per_microbatch:

@@ -120,6 +120,11 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe
             raise ConfigError("train.shared_prefix=true and train.max_tokens_per_microbatch (packing) cannot be "
                               "combined: packed rows are separate segments (set one of them off)")
         return None, "train.max_tokens_per_microbatch packs the rows' own tokens"
+    if cfg.mesh.context > 1:
+        if want:
+            raise ConfigError("train.shared_prefix=true and mesh.context > 1 cannot be combined: the context axis "
+                              "splits each row's own tokens (set one of them off)")
+        return None, "mesh.context splits each row's own tokens"
     if (cfg.train.routing_replay or moe) and want is None:
         return None, ("a mixture of experts: each row's own forward pass replays or compares the sampler's routes "
                       "and computes the routers' statistics")
@@ -307,10 +312,13 @@ def _check_long(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
         if rec.needs_critic:
             raise ConfigError("train.max_tokens_per_microbatch (packing) does not pack the critic's update yet: unset "
                               "it for a recipe with a critic")
-        if m.context > 1 and budget % m.context:
-            raise ConfigError(f"mesh.context={m.context} must divide train.max_tokens_per_microbatch={budget} (each "
-                              "packed row's tokens are split over the context axis)")
-    elif m.context > 1:
+        if m.context > 1:
+            for key, v in (("max_tokens_per_microbatch", budget),
+                           ("logprob_tokens_per_microbatch", t.logprob_tokens_per_microbatch or 2 * budget)):
+                if v % m.context:
+                    raise ConfigError(f"mesh.context={m.context} must divide train.{key}={v} (each packed row's "
+                                      "tokens are split over the context axis)")
+    if m.context > 1:  # padded rows reach attention too (the providers' passes, the evaluator's prefill)
         bad = [b for b in ro.prompt_buckets if (b + ro.max_new_tokens) % m.context]
         if bad:
             raise ConfigError(f"mesh.context={m.context} must divide every row length: prompt bucket {bad[0]} + "

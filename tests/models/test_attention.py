@@ -159,6 +159,11 @@ def test_cudnn_mapping_equals_dense_through_xla():
     got = A.cudnn_attention(q, [(k, v, 0, jnp.asarray(holes), None)], q_slot=0, implementation="xla")
     assert np.isnan(np.asarray(got[0])).all() and np.isfinite(np.asarray(got[1:])).all()
     assert A.cudnn_supports(q, [(k, v, 0, mask, mask.astype(jnp.int32))], q_slot=0, q_seg=mask.astype(jnp.int32))
+    # the kernel's own limits: 16-bit inputs, and a window known when tracing (not a scanned layer's)
+    assert "bfloat16 or float16" in A.cudnn_supports(q, [(k, v, 0, mask, None)], q_slot=0)
+    qb = q.astype(jnp.bfloat16)
+    assert A.cudnn_supports(qb, [(k, v, 0, mask, None)], q_slot=0, window=5) is None
+    assert "traced" in A.cudnn_supports(qb, [(k, v, 0, mask, None)], q_slot=0, window=jnp.asarray(5))
 
 
 # ------------------------------------------------------------------------------------------ model
