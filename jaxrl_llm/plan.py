@@ -25,9 +25,14 @@ a mixture of experts), and reports per device:
 
 The mesh needs that many devices. On a machine without them, ``jaxrl-llm plan`` re-runs
 itself on simulated CPU devices (``--xla_force_host_platform_device_count``), which is how
-the 64-device plans in ``docs/scaling.md`` are made on a 2-core CPU. The compile is XLA:CPU's:
+the 64-device plans in ``docs/scaling.md`` are made on a 2-core CPU. That compile is XLA:CPU's:
 TPU and GPU compilers fuse differently, so temporaries there can differ (parameters,
-optimiser state, batch and KV cache are exact; they depend only on shapes and shardings).
+optimiser state, batch and KV cache are exact; they depend only on shapes and shardings). With
+a target (``PlanSpec.target``, ``jaxrl-llm plan --target tpu-v5e:8x8``) the chips' own compiler
+compiles it on this host instead (:func:`parse_target`, :func:`target_devices`: libtpu's
+topologies for TPUs, the XLA GPU compiler with a target description for GPUs), its memory
+analysis is the chip's, and the report says whether the program fits; :func:`search` finds the
+remat policy, context split and micro-batches that fit.
 """
 
 from __future__ import annotations

@@ -204,6 +204,9 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
          "rollout.sampler_devices=0 and rollout.sampler_weights=train")
     need(ro.sampler_weights in ("train", "tensor"),
          f"rollout.sampler_weights must be 'train' or 'tensor', got {ro.sampler_weights!r}")
+    from jaxrl_llm.models.config import ATTENTION
+
+    need(cfg.model.attention in ATTENTION, f"model.attention must be one of {ATTENTION}, got {cfg.model.attention!r}")
     if d.dataset:
         need(d.dataset_format in ("gsm8k", "rows"), f"data.dataset_format must be 'gsm8k' or 'rows', got "
                                                     f"{d.dataset_format!r}")
@@ -275,10 +278,13 @@ def longest_row(cfg: RLRunConfig) -> int:
 def _check_long(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
     """Sequence lengths against the model, packing and context parallelism: one-line errors."""
     t, m, ro = cfg.train, cfg.mesh, cfg.rollout
-    from jaxrl_llm.models.config import ATTENTION
-
-    if cfg.model.attention not in ATTENTION:
-        raise ConfigError(f"model.attention must be one of {ATTENTION}, got {cfg.model.attention!r}")
+    backend = jax.default_backend()
+    for impl, needs in (("splash", ("tpu",)), ("cudnn", ("gpu", "cuda", "rocm"))):
+        if cfg.model.attention == impl and backend not in needs:
+            raise ConfigError(f"model.attention={impl} runs on {needs[0].upper()} only (this backend: {backend}); use "
+                              "model.attention=auto or blockwise")
+    if not (isinstance(cfg.model.attention_block, int) and cfg.model.attention_block >= 1):
+        raise ConfigError(f"model.attention_block must be an int >= 1, got {cfg.model.attention_block!r}")
     longest = longest_row(cfg)
     if longest > model_cfg.max_position_embeddings:
         raise ConfigError(f"rows of up to {longest} tokens (prompt bucket {longest - ro.max_new_tokens} + "

@@ -30,6 +30,19 @@ CASES = [
     (["recipe.is_weights=tis"], "recipe.is_weights / recipe.rejection compare .* set recipe.old_logp=recompute"),
     (["recipe.loss=dro"], "recipe.loss=dro: argument 'beta' has no default and must be set \\(recipe.loss.beta=...\\)"),
     (["recipe.name=grpo2"], "recipe.name: unknown recipe 'grpo2'.*did you mean 'grpo'"),
+    # long sequences: lengths, packing, the context axis, an attention the backend lacks
+    (["rollout.max_new_tokens=100000"], "rows of up to 100032 tokens .* exceed the model's max_position_embeddings="
+                                        "512: lower rollout.max_new_tokens"),
+    (["train.max_tokens_per_microbatch=16"], "train.max_tokens_per_microbatch=16 is smaller than one row: the longest "
+                                             "row has 38 tokens"),
+    (["mesh.context=3"], "mesh.context=3 must divide every row length: prompt bucket 32 \+ rollout.max_new_tokens=6"),
+    (["model.attention=splash"], "model.attention=splash runs on TPU only \(this backend: cpu\)"),
+    (["model.attention=cudnn"], "model.attention=cudnn runs on GPU only \(this backend: cpu\)"),
+    (["model.attention=flash"], "model.attention must be one of"),
+    (["train.max_tokens_per_microbatch=64", "optim.num_microbatches=2"],
+     "optim.num_microbatches=2 and train.max_tokens_per_microbatch \(packing\) both set the micro-batches"),
+    (["train.max_tokens_per_microbatch=64", "train.shared_prefix=true"],
+     "train.shared_prefix=true and train.max_tokens_per_microbatch \(packing\) cannot be combined"),
 ]
 
 
