@@ -34,7 +34,7 @@ __all__ = ["PackLayout", "row_runs", "first_fit_decreasing", "plan_packing", "pa
            "unpack_rows", "PACKED_KEYS"]
 
 #: the micro-batch keys that describe the packed rows (everything else is in the row layout)
-PACKED_KEYS = ("packed_tokens", "packed_segments", "packed_positions", "packed_index")
+PACKED_KEYS = ("packed_tokens", "packed_segments", "packed_positions", "packed_index", "packed_valid")
 
 
 def row_runs(mask: np.ndarray, *, what: str = "batch") -> tuple[np.ndarray, np.ndarray]:
@@ -84,16 +84,19 @@ def first_fit_decreasing(lengths: np.ndarray, budget: int, key: str = "train.max
 class PackLayout:
     """Where every row goes: ``bins[b]`` lists the rows of packed row ``b`` in order; micro-batch
     ``m`` holds packed rows ``m * ways ... m * ways + ways - 1`` (missing ones empty); each packed
-    row has ``slots`` row slots (a power of two >= its most rows)."""
+    row has ``slots`` row slots (a power of two >= its most rows). A *row* may be a unit of
+    ``seqs`` sequences (a preference pair: chosen and rejected), packed side by side into one
+    packed row, each its own segment."""
 
     budget: int
     ways: int
     slots: int
     bins: tuple[tuple[int, ...], ...]
-    first: np.ndarray  # [N] start of each row's real tokens
-    length: np.ndarray  # [N] its number of real tokens
+    first: np.ndarray  # [N, seqs] start of each sequence's real tokens
+    length: np.ndarray  # [N, seqs] its number of real tokens
     num_rows: int
-    row_width: int  # L: the padded rows' width
+    row_width: int  # L: the padded sequences' width
+    seqs: int | None = None  # sequences per row (None: a row is one sequence, mask [N, L])
 
     @property
     def num_microbatches(self) -> int:
@@ -112,17 +115,22 @@ def _pow2(n: int) -> int:
 
 def plan_packing(mask: np.ndarray, budget: int, ways: int = 1, *, min_slots: int = 1,
                  key: str = "train.max_tokens_per_microbatch") -> PackLayout:
-    """The :class:`PackLayout` of a padded batch's ``mask [N, L]``: ``budget`` tokens per packed
-    row, ``ways`` packed rows per micro-batch (``key``: the setting the budget comes from)."""
+    """The :class:`PackLayout` of a padded batch's ``mask [N, L]`` (or ``[N, k, L]``: rows of ``k``
+    sequences kept together, e.g. preference pairs): ``budget`` tokens per packed row, ``ways``
+    packed rows per micro-batch (``key``: the setting the budget comes from)."""
     if budget < 2:
         raise ValueError(f"packing: the budget must be >= 2 tokens per packed row, got {budget}")
     if ways < 1:
         raise ValueError(f"packing: ways must be >= 1, got {ways}")
-    first, length = row_runs(mask)
-    bins = first_fit_decreasing(length, budget, key)
+    m = np.asarray(mask, bool)
+    seqs = None if m.ndim == 2 else int(m.shape[1])
+    first, length = row_runs(m.reshape(-1, m.shape[-1]))
+    k = seqs or 1
+    first, length = first.reshape(m.shape[0], k), length.reshape(m.shape[0], k)
+    bins = first_fit_decreasing(length.sum(axis=1), budget, key)
     slots = _pow2(max([len(b) for b in bins] + [min_slots, 1]))
     return PackLayout(int(budget), int(ways), slots, tuple(tuple(b) for b in bins), first, length,
-                      int(np.asarray(mask).shape[0]), int(np.asarray(mask).shape[1]))
+                      int(m.shape[0]), int(m.shape[-1]), seqs)
 
 
 def pack_microbatches(batch: dict[str, np.ndarray], layout: PackLayout, *, tokens_key: str = "tokens",
@@ -130,13 +138,16 @@ def pack_microbatches(batch: dict[str, np.ndarray], layout: PackLayout, *, token
     """The micro-batches of ``batch`` (host arrays, leading dimension ``N``) under ``layout``.
 
     Each micro-batch has ``packed_tokens``, ``packed_segments`` (0 = padding), ``packed_positions``
-    ``[ways, budget]``, ``packed_index [ways * slots, L - 1]`` and every other array of ``batch``
-    (but ``drop``) in the row layout ``[ways * slots, ...]``, empty slots zero."""
+    ``[ways, budget]``, ``packed_index [ways * slots, L - 1]`` (``[ways * slots, k, L - 1]`` for rows
+    of ``k`` sequences), ``packed_valid [ways * slots]`` (the slot holds a row) and every other array
+    of ``batch`` (but ``drop``) in the row layout ``[ways * slots, ...]``, empty slots zero."""
     tokens = np.asarray(batch[tokens_key])
-    n, width = tokens.shape
-    if n != layout.num_rows or width != layout.row_width:
-        raise ValueError(f"packing: the batch's tokens are {tokens.shape}, the layout was planned for "
-                         f"({layout.num_rows}, {layout.row_width})")
+    n, width = tokens.shape[0], tokens.shape[-1]
+    want = (layout.num_rows,) + ((layout.seqs,) if layout.seqs else ()) + (layout.row_width,)
+    if tokens.shape != want:
+        raise ValueError(f"packing: the batch's tokens are {tokens.shape}, the layout was planned for {want}")
+    toks3 = tokens.reshape(n, layout.seqs or 1, width)
+    k_seq = layout.seqs or 1
     w, s, budget = layout.ways, layout.slots, layout.budget
     rows = {k: np.asarray(v) for k, v in batch.items() if k not in drop}
     for k, v in rows.items():
@@ -147,25 +158,30 @@ def pack_microbatches(batch: dict[str, np.ndarray], layout: PackLayout, *, token
         toks = np.zeros((w, budget), np.int32)
         seg = np.zeros((w, budget), np.int32)
         pos = np.zeros((w, budget), np.int32)
-        index = np.full((w * s, width - 1), -1, np.int32)  # -1: no target of a real token there
+        index = np.full((w * s, k_seq, width - 1), -1, np.int32)  # -1: no target of a real token there
         take = np.full(w * s, -1, np.int64)  # the batch row in each slot (-1: empty)
         for j in range(w):
             b = m * w + j
             if b >= len(layout.bins):
                 continue
-            off = 0
+            off, segment = 0, 0
             for k, r in enumerate(layout.bins[b]):
-                f, ln = int(layout.first[r]), int(layout.length[r])
-                toks[j, off:off + ln] = tokens[r, f:f + ln]
-                seg[j, off:off + ln] = k + 1
-                pos[j, off:off + ln] = np.arange(ln)
-                # target t (token t + 1 from the hidden state at t) of this row: packed target off + t - f
-                t = np.arange(f, f + ln - 1)
-                index[j * s + k, t] = off + t - f
+                for q in range(k_seq):
+                    f, ln = int(layout.first[r, q]), int(layout.length[r, q])
+                    if ln == 0:
+                        continue
+                    segment += 1
+                    toks[j, off:off + ln] = toks3[r, q, f:f + ln]
+                    seg[j, off:off + ln] = segment
+                    pos[j, off:off + ln] = np.arange(ln)
+                    # target t (token t + 1 from the hidden state at t): packed target off + t - f
+                    t = np.arange(f, f + ln - 1)
+                    index[j * s + k, q, t] = off + t - f
+                    off += ln
                 take[j * s + k] = r
-                off += ln
-        mb = {"packed_tokens": toks, "packed_segments": seg, "packed_positions": pos, "packed_index": index}
         filled = take >= 0
+        mb = {"packed_tokens": toks, "packed_segments": seg, "packed_positions": pos,
+              "packed_index": index if layout.seqs else index[:, 0], "packed_valid": filled}
         for k, v in rows.items():
             x = np.zeros((w * s,) + v.shape[1:], v.dtype)
             x[filled] = v[take[filled]]

@@ -15,7 +15,8 @@ from typing import Any
 from jaxrl_llm.config import Choice
 
 __all__ = ["ModelSpec", "DataSpec", "RolloutSpec", "KLSpec", "RecipeSpec", "OptimSpec", "TrainSpec", "SFTSpec",
-           "MeshSpec", "RunSpec", "RLRunConfig", "PairsSpec", "PreferenceRecipeSpec", "PreferenceRunConfig"]
+           "MeshSpec", "RunSpec", "RLRunConfig", "PairsSpec", "PreferenceRecipeSpec", "PreferenceTrainSpec",
+           "PreferenceRunConfig"]
 
 ALL_LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -418,6 +419,16 @@ class PreferenceRecipeSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreferenceTrainSpec:
+    """How a preference run's updates compute: ``max_tokens_per_microbatch > 0`` packs the pairs
+    (chosen and rejected side by side) and the SFT phases' rows into micro-batches of one packed row
+    of that many tokens (the preference loss then runs once on the whole batch's sequence sums:
+    exact for every loss), instead of ``optim.num_microbatches`` padded slices; 0: off."""
+
+    max_tokens_per_microbatch: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class PreferenceRunConfig:
     """An offline preference run (:func:`jaxrl_llm.training.preference_runner.run_preference`):
     model -> SFT warm-up -> pairs -> preference training from the SFT model (also the frozen
@@ -440,3 +451,4 @@ class PreferenceRunConfig:
         plot=False, log_samples_every=0, progress=False))
     prompt_buckets: tuple[int, ...] = (32,)
     control: bool = True
+    train: PreferenceTrainSpec = dataclasses.field(default_factory=PreferenceTrainSpec)

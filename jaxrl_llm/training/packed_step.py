@@ -176,7 +176,15 @@ def make_packed_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTran
                            mesh: Any = None, donate: bool = True) -> PackedTrainStep:
     """A :class:`PackedTrainStep`: ``budget`` tokens per packed row, ``ways`` packed rows per
     micro-batch (the devices the batch is split over; ``mesh`` places each micro-batch's rows on
-    them). The batch must hold ``tokens`` and ``mask`` ``[N, L]`` and the objective's row arrays."""
+    them). The batch must hold ``tokens`` and ``mask`` ``[N, L]`` (``[B, 2, L]`` preference pairs,
+    packed side by side) and the objective's row arrays. A preference objective runs coupled
+    (its loss once on the whole batch's sequence sums): exact for every preference loss."""
+    from jaxrl_llm.training.preference import PreferenceObjective
+
+    if isinstance(objective, PreferenceObjective) and not objective.coupled:
+        import dataclasses
+
+        objective = dataclasses.replace(objective, coupled=True)
     return PackedTrainStep(graphdef, optimizer, objective, budget=budget, ways=ways, state_shardings=state_shardings,
                            frozen_shardings=frozen_shardings, mesh=mesh, donate=donate)
 

@@ -53,7 +53,7 @@ from jaxrl_llm.algorithms.preference import PREFERENCE_LOSSES
 from jaxrl_llm.algorithms.registry import Bound, RegistryError
 from jaxrl_llm.data.pipeline import KTOBatch, PreferenceBatch, SFTBatch, pad_rows
 from jaxrl_llm.training.host_loop import HostLoop
-from jaxrl_llm.training.objectives import policy_logprobs
+from jaxrl_llm.training.objectives import packed_logprobs, policy_logprobs
 
 __all__ = ["PreferenceObjective", "preference_objective", "PreferenceRecipe", "PREFERENCE_RECIPES", "preference_recipe",
            "sequence_logps", "SequenceLogps", "preference_arrays", "sft_arrays", "kto_mismatched_rows",
@@ -110,6 +110,13 @@ class PreferenceObjective:
     reference points are means over the micro-batch, as TRL's former ``kto_pair`` used the
     device batch). For unpaired ``kto`` the loss is exact; its per-class metrics are
     micro-batch means weighted by rows (exact with one micro-batch).
+
+    ``coupled``: the loss runs once on the whole batch's sequence sums (a first, forward-only
+    pass), and each micro-batch contributes the linear term with their gradient (the train
+    step's coupled protocol, as :class:`~jaxrl_llm.training.PolicyObjective`): exact for every
+    loss and metric whatever the micro-batches, for one more forward pass. The packed step
+    (``make_packed_train_step``) takes a preference objective this way, since a packed
+    micro-batch's slots are not whole pairs' batches.
     """
 
     loss: Callable[..., Any]
@@ -119,6 +126,7 @@ class PreferenceObjective:
     chunk_size: int = 128
     name: str = ""
     token_weighted: bool = False
+    coupled: bool = False
 
     def __post_init__(self):
         if not self.name:
@@ -153,13 +161,20 @@ class PreferenceObjective:
 
     def weight(self, batch: dict) -> jax.Array:
         """Pairs (rows for unpaired KTO) in ``batch``: the loss is a mean over them."""
-        return jnp.asarray(batch["tokens"].shape[0], jnp.float32)
+        return jnp.asarray(batch["loss_mask"].shape[0], jnp.float32)
 
     def metric_weight(self, batch: dict) -> jax.Array:
         return self.weight(batch)
 
     def sequence_logps(self, model: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
-        """``(sums, counts)`` of the batch's completions, ``[B, 2]`` (pairs) or ``[N]`` (KTO)."""
+        """``(sums, counts)`` of the batch's completions, ``[B, 2]`` (pairs) or ``[N]`` (KTO); of a
+        packed micro-batch's row slots (:mod:`jaxrl_llm.data.packing`) when it is one."""
+        if "packed_tokens" in batch:
+            logp, _ = packed_logprobs(model, batch, chunk_size=self.chunk_size)  # like the loss mask
+            m = batch["loss_mask"].astype(bool)
+            w = batch["token_weights"].astype(jnp.float32) if self.token_weighted else 1.0
+            return (jnp.sum(jnp.where(m, w * logp, 0.0), axis=-1),
+                    jnp.sum(m.astype(jnp.float32), axis=-1))
         tokens = batch["tokens"]
         want = 3 if self.paired else 2
         if tokens.ndim != want or (self.paired and tokens.shape[1] != 2):
@@ -193,11 +208,38 @@ class PreferenceObjective:
         return losses, metrics
 
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
+        packed = "packed_tokens" in batch
         for name in self.batch_keys():  # before the forward pass: a missing key fails at once
-            _required(batch, name, self.name)
+            if not (packed and name in ("tokens", "mask")):
+                _required(batch, name, self.name)
         logps, counts = self.sequence_logps(model, batch)
+        if self.coupled:  # the gradient-equivalent linear term (value and metrics: the first pass's)
+            lin = jnp.sum(batch["coupled_coef"] * logps)
+            w = jnp.max(batch["coupled_weight"])  # every row holds the batch's weight (packed: empty slots 0)
+            return w * (lin - jax.lax.stop_gradient(lin) + jnp.sum(batch["coupled_value"])), {}
+        if packed:
+            raise ValueError(f"PreferenceObjective(loss={self.name!r}) takes a packed micro-batch only as a coupled "
+                             "objective (make_packed_train_step builds it so)")
         losses, metrics = self.losses(logps, counts, batch)
         return jnp.sum(losses), metrics
+
+    def forward_logp(self, model: Any, batch: dict) -> jax.Array:
+        """The completions' sequence sums (no gradient): the coupled objective's first pass."""
+        return jax.lax.stop_gradient(self.sequence_logps(model, batch)[0])
+
+    def coupled_context(self, logps: jax.Array, batch: dict, key: jax.Array) -> tuple[dict, dict]:
+        """The loss on the whole batch's sequence sums: ``({"coupled_coef": d mean loss / d logps,
+        "coupled_value": mean loss / B per row}, metrics)``."""
+        counts = jnp.sum(batch["loss_mask"].astype(jnp.float32), axis=-1)
+
+        def f(lp):
+            losses, metrics = self.losses(lp, counts, batch)
+            return jnp.mean(losses), metrics
+
+        (value, metrics), coef = jax.value_and_grad(f, has_aux=True)(logps)
+        n = logps.shape[0]
+        return ({"coupled_coef": jax.lax.stop_gradient(coef).astype(jnp.float32),
+                 "coupled_value": jnp.full((n,), jax.lax.stop_gradient(value) / n, jnp.float32)}, metrics)
 
 
 def _required(batch: dict, name: str, loss: str) -> jax.Array:

@@ -177,7 +177,7 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     """One preference phase from ``start_params`` against ``ref``: ``(trainer, history, pair
     evaluator, eval_fn)``; resumes from (or skips with) its checkpoint in ``ckpt_dir``."""
     from jaxrl_llm.data import KTODataConfig, ListSource, PreferenceDataConfig, kto_dataset, preference_dataset
-    from jaxrl_llm.training import Checkpointer, PreferenceEvaluator, PreferenceTrainer, init_train_state, make_train_step
+    from jaxrl_llm.training import Checkpointer, PreferenceEvaluator, PreferenceTrainer, init_train_state
 
     p, o, buckets = cfg.pairs, cfg.optim, tuple(cfg.prompt_buckets)
     if objective.paired:
@@ -199,7 +199,7 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     start = jax.tree.map(jnp.copy, start_params)  # the step donates its state; start_params stay the reference
     log_fn = tel if iteration is None else (lambda m, _tel=tel, _it=iteration: _tel({**m, "spin/iteration": _it}))
     trainer = PreferenceTrainer(gd, init_train_state(start, opt, seed=seed),
-                                make_train_step(gd, opt, objective, num_microbatches=o.num_microbatches), data,
+                                _step(cfg, gd, opt, objective, o.num_microbatches), data,
                                 objective, ref_params=ref, seed=seed, aux_params=aux,
                                 checkpointer=Checkpointer(ckpt_dir, keep_last=cfg.run.keep_last),
                                 checkpoint_every=cfg.run.checkpoint_every, eval_fn=eval_fn,
@@ -207,6 +207,21 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     trainer.restore()
     hist = trainer.run(cfg.run.steps, progress=cfg.run.progress)
     return trainer, hist, pref_eval, eval_fn
+
+
+def _step(cfg, gd, opt, objective, num_microbatches: int = 1):
+    """The train step of a phase: packed (``train.max_tokens_per_microbatch``) or padded slices."""
+    from jaxrl_llm.training import make_train_step
+
+    budget = cfg.train.max_tokens_per_microbatch
+    if not budget:
+        return make_train_step(gd, opt, objective, num_microbatches=num_microbatches)
+    if num_microbatches > 1:
+        raise ConfigError(f"optim.num_microbatches={num_microbatches} and train.max_tokens_per_microbatch (packing) "
+                          "both set the micro-batches: keep one")
+    from jaxrl_llm.training.packed_step import make_packed_train_step
+
+    return make_packed_train_step(gd, opt, objective, budget=budget)
 
 
 def _preempted(report: dict, out: Path, phase: str, step: int) -> dict:
@@ -226,7 +241,7 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
     use_compile_cache(cfg.run.compile_cache)
     from jaxrl_llm.data import ListSource, SFTDataConfig, sft_dataset
     from jaxrl_llm.tasks import get_task
-    from jaxrl_llm.training import Checkpointer, SFTObjective, SFTTrainer, init_train_state, make_train_step
+    from jaxrl_llm.training import Checkpointer, SFTObjective, SFTTrainer, init_train_state
     from jaxrl_llm.training.evaluate import Evaluator
     from jaxrl_llm.training.telemetry import Telemetry
     from flax import nnx
@@ -255,7 +270,7 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
                              weight_decay=s.weight_decay, max_grad_norm=o.max_grad_norm)
     sft_rows = [{"prompt": r["prompt"], "completion": r["solution"]} for r in train_rows]
     sft_data_cfg = SFTDataConfig(batch_size=s.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
-    sft = SFTTrainer(gd, init_train_state(params, sft_opt, seed=seed), make_train_step(gd, sft_opt, SFTObjective()),
+    sft = SFTTrainer(gd, init_train_state(params, sft_opt, seed=seed), _step(cfg, gd, sft_opt, SFTObjective()),
                      sft_dataset(ListSource(sft_rows, "sft"), tok, sft_data_cfg, process_index=0, process_count=1),
                      seed=seed, checkpointer=Checkpointer(out / "sft_ckpt", keep_last=1), config=resolved)
     sft.restore()
@@ -326,7 +341,7 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
         steps = cfg.run.steps * p.iterations  # as many steps as the preference phase(s) took
         more_opt = make_optimizer(s.lr, steps, weight_decay=s.weight_decay, max_grad_norm=o.max_grad_norm)
         more = SFTTrainer(gd, init_train_state(sft_params, more_opt, seed=seed),
-                          make_train_step(gd, more_opt, SFTObjective()),
+                          _step(cfg, gd, more_opt, SFTObjective()),
                           sft_dataset(ListSource(chosen, "chosen"), tok,
                                       dataclasses.replace(sft_data_cfg, batch_size=p.batch_size),
                                       process_index=0, process_count=1))
