@@ -62,6 +62,11 @@ IMPLEMENTATIONS = ("auto", "dense", "blockwise", "splash", "cudnn")
 #: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), ``blockwise`` above
 AUTO_DENSE_MAX_KEYS = 2048
 DEFAULT_BLOCK = 512
+#: ``auto``'s blockwise calls take key blocks as large as keep one block's float32 scores within
+#: this many elements (64 MiB): a decode step of a few rows reads its cache in one block (a
+#: loop over small blocks made a 4,096-token decode of SmolLM2 37% slower than dense), a large
+#: batch in blocks
+AUTO_SCORE_BLOCK_ELEMS = 1 << 24
 
 _NEG = -1e30  # additive mask value: finite, so fully masked rows stay NaN-free
 
@@ -834,6 +839,10 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
             impl = fallback
         if impl == "splash" and _static_layout(q_slot, parts) is None:
             impl = fallback
+        if impl == "blockwise":
+            b, t, h = q.shape[:3]
+            rows = b * h * min(t, block_q)
+            block_k = max(block_k, (AUTO_SCORE_BLOCK_ELEMS // rows) // block_k * block_k)
     found = context_axes()
     if found is not None and _context_parallel_applies(q, parts, q_slot):
         if impl == "cudnn":  # per shard the queries start past the keys: not cuDNN's causal layout

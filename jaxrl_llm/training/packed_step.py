@@ -32,7 +32,7 @@ from flax import nnx
 from jaxrl_llm.core.stats import safe_divide
 from jaxrl_llm.data.packing import pack_microbatches, plan_packing, unpack_rows
 from jaxrl_llm.parallel.multihost import gather
-from jaxrl_llm.training.step import TrainState, _all_finite
+from jaxrl_llm.training.step import TrainState, apply_update
 
 __all__ = ["PackedTrainStep", "make_packed_train_step", "PackedLogprobs"]
 
@@ -82,20 +82,8 @@ class PackedTrainStep:
         def apply(state, acc, weight, mweight):
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), acc["grads"], state.params)
             loss = acc["loss"]
-            ok = jnp.isfinite(loss) & _all_finite(grads)
-
-            def do(_):
-                updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-                return (optax.apply_updates(state.params, updates), new_opt,
-                        optax.tree.norm(updates).astype(jnp.float32))
-
-            def skip(_):
-                return state.params, state.opt_state, jnp.zeros((), jnp.float32)
-
-            new_params, new_opt, update_norm = jax.lax.cond(ok, do, skip, None)
             key = jax.random.split(jax.random.wrap_key_data(state.key))[0]
-            new_state = TrainState(new_params, new_opt, state.step + ok.astype(jnp.int32), jax.random.key_data(key),
-                                   state.skipped + (~ok).astype(jnp.int32))
+            new_state, ok, update_norm = apply_update(optimizer, state, grads, loss, key)
             metrics = {n: safe_divide(v, mweight) for n, v in acc["metrics"].items()}
             metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads), update_norm=update_norm,
                            skipped=(~ok).astype(jnp.float32))

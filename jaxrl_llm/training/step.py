@@ -29,7 +29,7 @@ from flax import nnx
 
 from jaxrl_llm.core.stats import safe_divide
 
-__all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "split_microbatches",
+__all__ = ["TrainState", "Objective", "init_train_state", "make_train_step", "apply_update", "split_microbatches",
            "train_state_shardings"]
 
 
@@ -150,6 +150,29 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def apply_update(optimizer: optax.GradientTransformation, state: TrainState, grads: Any, loss: jax.Array,
+                 key: jax.Array) -> tuple[TrainState, jax.Array, jax.Array]:
+    """``(new state, ok, update norm)``: the optimiser's update of ``state`` with ``grads`` (in the
+    parameters' dtypes), skipped when ``loss`` or a gradient is not finite (parameters and optimiser
+    state kept, ``skipped`` counted). The optimiser runs only in the taken branch of a ``lax.cond``,
+    so a normal step costs no extra pass to select between the new and the old state. ``key``
+    becomes the state's next key. Shared by the padded and the packed steps."""
+    ok = jnp.isfinite(loss) & _all_finite(grads)
+
+    def apply(_):
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        return (optax.apply_updates(state.params, updates), new_opt,
+                optax.tree.norm(updates).astype(jnp.float32))
+
+    def skip(_):
+        return state.params, state.opt_state, jnp.zeros((), jnp.float32)
+
+    new_params, new_opt, update_norm = jax.lax.cond(ok, apply, skip, None)
+    new_state = TrainState(new_params, new_opt, state.step + ok.astype(jnp.int32), jax.random.key_data(key),
+                           state.skipped + (~ok).astype(jnp.int32))
+    return new_state, ok, update_norm
+
+
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, objective: Objective, *,
                     num_microbatches: int = 1, state_shardings: Any = None, batch_shardings: Any = None,
                     frozen_shardings: Any = None, donate: bool = True) -> Callable:
@@ -216,22 +239,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             m0 = {n: jnp.zeros((), jnp.float32) for n in m_shape}
             (grads, loss, msum), _ = jax.lax.scan(body, (g0, jnp.zeros((), jnp.float32), m0), (mbs, keys))
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-
-        # Skip on a non-finite loss or gradient: the optimiser runs only in the taken branch, so a
-        # normal step costs no extra pass to select between the new and the old state.
-        ok = jnp.isfinite(loss) & _all_finite(grads)
-
-        def apply(_):
-            updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-            return (optax.apply_updates(state.params, updates), new_opt,
-                    optax.tree.norm(updates).astype(jnp.float32))
-
-        def skip(_):
-            return state.params, state.opt_state, jnp.zeros((), jnp.float32)
-
-        new_params, new_opt, update_norm = jax.lax.cond(ok, apply, skip, None)
-        new_state = TrainState(new_params, new_opt, state.step + ok.astype(jnp.int32), jax.random.key_data(key),
-                               state.skipped + (~ok).astype(jnp.int32))
+        new_state, ok, update_norm = apply_update(optimizer, state, grads, loss, key)
         metrics = {n: safe_divide(v, metric_weight(batch).astype(jnp.float32)) for n, v in msum.items()}
         metrics.update(extra_metrics)
         metrics.update(loss=loss, weight=weight, grad_norm=optax.tree.norm(grads),
