@@ -4,8 +4,10 @@ against packed ones. Each case runs in its own process (peak resident memory is 
 (``RLIMIT_AS``) and reported as out of memory instead of taking the machine down.
 
 - ``decode``: SmolLM2-135M (the embedded GGUF, float32) decodes ``--new-tokens`` tokens greedily
-  after a short prompt (stop tokens off), with ``model.attention=dense`` and ``blockwise``: compile
-  plus first run, then the median of the timed runs, tokens per second and peak RSS.
+  after a short prompt (stop tokens off), with ``model.attention=dense``, ``auto`` (blockwise once
+  the cache passes 2,048 keys, its key blocks sized to the call) and ``blockwise`` (512-key
+  blocks): compile plus first run, then the median of the timed runs, tokens per second and peak
+  RSS.
 - ``update``: one GRPO train step (``remat=full``) of SmolLM2 on 8 rows of 4,096 to 8,192 tokens
   (a 256-token prompt, random completions): dense attention (padded rows), blockwise (padded),
   blockwise with packing (``train.max_tokens_per_microbatch=8192``).
@@ -147,10 +149,12 @@ def _cell(r: dict, key: str, fmt: str) -> str:
 
 def bench_decode(a) -> str:
     rows = []
-    for impl in ("dense", "blockwise"):
+    names = {"dense": "dense", "auto": "auto (blockwise above 2,048 keys, one block per decode step here)",
+             "blockwise": "blockwise, 512-key blocks"}
+    for impl in ("dense", "auto", "blockwise"):
         r = _run_child(["decode", impl, str(a.new_tokens), str(a.repeats)], a.mem_cap)
         print(impl, r, flush=True)
-        rows.append((impl, r))
+        rows.append((names[impl], r))
     lines = [f"SmolLM2-135M (float32, scanned layers), one prompt, {a.new_tokens} new tokens greedy (stop tokens off), "
              f"median of {a.repeats} after a first run; {machine()}.", "",
              "| attention | first run (s, with compile) | decode (s) | tokens/s | peak RSS (GiB) |", "|---|---|---|---|---|"]
