@@ -13,7 +13,8 @@ against packed ones. Each case runs in its own process (peak resident memory is 
   blockwise with packing (``train.max_tokens_per_microbatch=8192``).
 - ``packing``: a long-tailed length distribution (32 rows, completion lengths log-normal with a
   median of 300 tokens, capped at 2,048): the padding fraction and the GRPO step time of SmolLM2
-  padded against packed (budget 2,304 tokens: the longest row).
+  padded (one row per micro-batch) against packed (one 2,304-token row per micro-batch: the
+  longest row), the same memory per micro-batch.
 
 Run: ``.venv/bin/python benchmarks/long_sequences.py decode|update|packing [--write]`` (``--write``
 puts the table into docs/benchmarks.md).
@@ -69,7 +70,7 @@ def child_decode(impl: str, new_tokens: int, repeats: int) -> dict:
     return {"first_s": first, "median_s": statistics.median(times), "tokens": n, "peak_rss_gib": _rss_gib()}
 
 
-def _smollm2_step(impl: str, packed: int):
+def _smollm2_step(impl: str, packed: int, microbatches: int = 1):
     import optax
     from flax import nnx
 
@@ -83,7 +84,7 @@ def _smollm2_step(impl: str, packed: int):
     state = init_train_state(params, opt, seed=0)
     obj = recipe("grpo", num_samples=8).objective
     step = (make_packed_train_step(gd, opt, obj, budget=packed) if packed
-            else make_train_step(gd, opt, obj))
+            else make_train_step(gd, opt, obj, num_microbatches=microbatches))
     return state, step
 
 
@@ -103,10 +104,10 @@ def _rows(lengths, prompt: int, vocab: int, seed: int = 0):
             "advantages": np.repeat(rng.normal(0, 1, (n, 1)), width - 1, 1).astype(np.float32)}
 
 
-def child_update(impl: str, packed: int, lengths: list[int], prompt: int, repeats: int) -> dict:
+def child_update(impl: str, packed: int, lengths: list[int], prompt: int, repeats: int, microbatches: int = 1) -> dict:
     import jax
 
-    state, step = _smollm2_step(impl, packed)
+    state, step = _smollm2_step(impl, packed, microbatches)
     batch = _rows(lengths, prompt, 49152)
     t0 = time.perf_counter()
     state, m = step(state, batch)
@@ -195,22 +196,25 @@ def bench_packing(a) -> str:
     lengths = [int(x) for x in np.minimum(np.exp(rng.normal(np.log(300), 0.9, 32)), 2048).round().clip(8)]
     budget = a.prompt + max(lengths)
     rows = []
-    for name, packed in (("padded", 0), (f"packed ({budget} tokens per micro-batch)", budget)):
-        r = _run_child(["update", "auto", str(packed), ",".join(map(str, lengths)), str(a.prompt), str(a.repeats)],
-                       a.mem_cap)
+    n = len(lengths)
+    # the same memory per micro-batch: one padded row of the longest length, or one packed row of as many tokens
+    for name, packed, mbs in ((f"padded, {n} micro-batches of one row", 0, n),
+                              (f"packed, micro-batches of one {budget}-token row", budget, 1)):
+        r = _run_child(["update", "auto", str(packed), ",".join(map(str, lengths)), str(a.prompt), str(a.repeats),
+                        str(mbs)], a.mem_cap)
         print(name, r, flush=True)
-        rows.append((name, r))
+        rows.append((name, r, mbs))
     real = sum(lengths) + a.prompt * len(lengths)
     padded_frac = 1 - real / (len(lengths) * (a.prompt + max(lengths)))
     lines = [f"One GRPO train step of SmolLM2-135M (float32, `remat=full`, AdamW, `model.attention=auto`) on 32 rows "
              f"with a long tail: a {a.prompt}-token prompt and completions log-normal around 300 tokens (median "
              f"{int(np.median(lengths))}, max {max(lengths)}); median of {a.repeats} steps after a first; {machine()}.",
              "", "| layout | padding fraction | micro-batches | step (s) | peak RSS (GiB) |", "|---|---|---|---|---|"]
-    for name, r in rows:
+    for name, r, mbs in rows:
         frac = r.get("padding_fraction", padded_frac)
-        lines.append(f"| {name} | {frac:.2f} | {r.get('microbatches', 1)} | {_cell(r, 'median_s', '.1f')} | "
-                     f"{_cell(r, 'peak_rss_gib', '.2f')} |")
-    if all("median_s" in r for _, r in rows):
+        lines.append(f"| {name} | {frac:.2f} | {r.get('microbatches', mbs)} | {_cell(r, 'median_s', '.1f')} | "
+                     f"{_cell(r, 'peak_rss_gib', '.2f')} |" + (f" {r['failed']}" if "failed" in r else ""))
+    if all("median_s" in r for _, r, _ in rows):
         lines += ["", f"Packed / padded step time: {rows[1][1]['median_s'] / rows[0][1]['median_s']:.2f}."]
     return "\n".join(lines)
 
@@ -222,7 +226,7 @@ def main() -> None:
             out = child_decode(rest[0], int(rest[1]), int(rest[2]))
         else:
             out = child_update(rest[0], int(rest[1]), [int(x) for x in rest[2].split(",")], int(rest[3]),
-                               int(rest[4]))
+                               int(rest[4]), int(rest[5]) if len(rest) > 5 else 1)
         print(json.dumps(out))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

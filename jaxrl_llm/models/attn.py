@@ -24,9 +24,10 @@ attends to (its own keys, a shared prompt's keys, a KV cache) and a description 
   run of real tokens is moved to the front so that the padding is expressed by sequence
   lengths. Other calls use ``blockwise``.
 - ``"auto"``: ``splash`` on TPU, ``cudnn`` on GPU, on CPU ``dense`` while the keys number at
-  most :data:`AUTO_DENSE_MAX_KEYS` and ``blockwise`` above (so every run at the lengths recorded
-  so far keeps its numbers); a call the platform's kernel cannot take (decoding over a KV cache,
-  packed rows or float32 under cuDNN) by the CPU rule.
+  most :data:`AUTO_DENSE_MAX_KEYS` (so every run at the lengths recorded so far keeps its numbers)
+  or the call's scores are few (a decode step of a few rows), ``blockwise`` above; a call the
+  platform's kernel cannot take (decoding over a KV cache, packed rows or float32 under cuDNN) by
+  the CPU rule.
 
 Conventions shared by all implementations (those of the model's KV cache): ``q [B, T, H, Dh]``,
 query head ``k * G + g`` reads key head ``k``; a part is ``(k, v, k_slot, k_valid, k_seg[,
@@ -59,8 +60,11 @@ __all__ = ["IMPLEMENTATIONS", "AUTO_DENSE_MAX_KEYS", "Part", "attention", "dense
            "compile_for", "splash_interpret", "target_platform", "context_axes", "softcap_logits"]
 
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "splash", "cudnn")
-#: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), ``blockwise`` above
+#: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), or while a call's float32
+#: scores stay within :data:`AUTO_DENSE_MAX_SCORE_ELEMS` (a decode step of a few rows: dense decoded
+#: 4,096 SmolLM2 tokens in 118 s, blockwise in 194-202 s); ``blockwise`` above both
 AUTO_DENSE_MAX_KEYS = 2048
+AUTO_DENSE_MAX_SCORE_ELEMS = 1 << 24  # 64 MiB of float32 scores
 DEFAULT_BLOCK = 512
 #: ``auto``'s blockwise calls take key blocks as large as keep one block's float32 scores within
 #: this many elements (64 MiB): a decode step of a few rows reads its cache in one block (a
@@ -150,10 +154,12 @@ def check_implementation(name: str) -> None:
         raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {name!r}")
 
 
-def resolve_implementation(name: str, platform: str | None = None, num_keys: int | None = None) -> str:
+def resolve_implementation(name: str, platform: str | None = None, num_keys: int | None = None,
+                           score_elems: int | None = None) -> str:
     """The implementation ``"auto"`` stands for on ``platform`` (``"tpu"``, ``"gpu"``/``"cuda"``,
-    ``"cpu"``; default: JAX's default backend) for ``num_keys`` keys; other names are returned as
-    they are. On CPU without ``num_keys``: ``"auto"`` stays (decided per call by its length)."""
+    ``"cpu"``; default: JAX's default backend) for a call over ``num_keys`` keys whose scores have
+    ``score_elems`` elements (``B H T S``); other names are returned as they are. On CPU without
+    ``num_keys``: ``"auto"`` stays (decided per call)."""
     check_implementation(name)
     if name != "auto":
         return name
@@ -164,7 +170,8 @@ def resolve_implementation(name: str, platform: str | None = None, num_keys: int
         return "cudnn"
     if num_keys is None:
         return "auto"
-    return "dense" if num_keys <= AUTO_DENSE_MAX_KEYS else "blockwise"
+    small = num_keys <= AUTO_DENSE_MAX_KEYS or (score_elems is not None and score_elems <= AUTO_DENSE_MAX_SCORE_ELEMS)
+    return "dense" if small else "blockwise"
 
 
 # ----------------------------------------------------------------------------------------- dense
@@ -830,10 +837,11 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
     kw = dict(q_slot=q_slot, window=window, q_seg=q_seg, scale=scale, softcap=softcap)
     if impl == "auto":
         keys = sum(p.k.shape[3] for p in parts)
-        impl = resolve_implementation("auto", num_keys=keys)
+        elems = q.shape[0] * q.shape[1] * q.shape[2] * keys
+        impl = resolve_implementation("auto", num_keys=keys, score_elems=elems)
         # a call the platform's kernel cannot take (decoding over a cache, packed rows under cuDNN, ...):
-        # dense while the keys are few, blockwise above
-        fallback = "dense" if keys <= AUTO_DENSE_MAX_KEYS else "blockwise"
+        # the CPU rule (dense while the keys or the scores are few, blockwise above)
+        fallback = resolve_implementation("auto", "cpu", num_keys=keys, score_elems=elems)
         if impl == "cudnn" and cudnn_supports(q, parts, q_slot=q_slot, q_seg=q_seg, softcap=softcap,
                                               window=window) is not None:
             impl = fallback

@@ -278,6 +278,9 @@ def test_auto_resolves_by_backend_and_length():
     assert A.resolve_implementation("auto", "gpu") == "cudnn"
     assert A.resolve_implementation("auto", "cpu", A.AUTO_DENSE_MAX_KEYS) == "dense"
     assert A.resolve_implementation("auto", "cpu", A.AUTO_DENSE_MAX_KEYS + 1) == "blockwise"
+    # a decode step of a few rows over a long cache: few scores, dense (faster on CPU); many: blockwise
+    assert A.resolve_implementation("auto", "cpu", 8192, score_elems=9 * 8192) == "dense"
+    assert A.resolve_implementation("auto", "cpu", 8192, score_elems=64 * 28 * 8192 * 2) == "blockwise"
     assert A.resolve_implementation("blockwise", "tpu") == "blockwise"
     with A.compile_for("tpu"):
         assert A.resolve_implementation("auto") == "splash"

@@ -35,14 +35,14 @@ CASES = [
                                         "512: lower rollout.max_new_tokens"),
     (["train.max_tokens_per_microbatch=16"], "train.max_tokens_per_microbatch=16 is smaller than one row: the longest "
                                              "row has 38 tokens"),
-    (["mesh.context=3"], "mesh.context=3 must divide every row length: prompt bucket 32 \+ rollout.max_new_tokens=6"),
-    (["model.attention=splash"], "model.attention=splash runs on TPU only \(this backend: cpu\)"),
-    (["model.attention=cudnn"], "model.attention=cudnn runs on GPU only \(this backend: cpu\)"),
+    (["mesh.context=3"], r"mesh.context=3 must divide every row length: prompt bucket 32 \+ rollout.max_new_tokens=6"),
+    (["model.attention=splash"], r"model.attention=splash runs on TPU only \(this backend: cpu\)"),
+    (["model.attention=cudnn"], r"model.attention=cudnn runs on GPU only \(this backend: cpu\)"),
     (["model.attention=flash"], "model.attention must be one of"),
     (["train.max_tokens_per_microbatch=64", "optim.num_microbatches=2"],
-     "optim.num_microbatches=2 and train.max_tokens_per_microbatch \(packing\) both set the micro-batches"),
+     r"optim.num_microbatches=2 and train.max_tokens_per_microbatch \(packing\) both set the micro-batches"),
     (["train.max_tokens_per_microbatch=64", "train.shared_prefix=true"],
-     "train.shared_prefix=true and train.max_tokens_per_microbatch \(packing\) cannot be combined"),
+     r"train.shared_prefix=true and train.max_tokens_per_microbatch \(packing\) cannot be combined"),
 ]
 
 
