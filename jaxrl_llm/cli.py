@@ -23,7 +23,7 @@ path.
 Exit codes: 0 success; 2 a usage error (unknown experiment, a file that is not an experiment,
 a bad override or config file, a config mistake found by a check or at the start of a run),
 reported as one line without a traceback; 1 an exception raised by the experiment itself (its
-traceback is printed as usual).
+traceback is printed as usual), or a run whose checkpoints are all unreadable (one line).
 """
 
 from __future__ import annotations
@@ -291,6 +291,13 @@ def cmd_train(args) -> int:
         result = exp.main(cfg)
     except ConfigError as e:  # a mistake in the config found by a check or at the start of the run
         return _usage_error(e)
+    except Exception as e:
+        # run.out holds checkpoints, none of them readable: one line (the module is loaded if it raised)
+        ckpt = sys.modules.get("jaxrl_llm.training.checkpoint")
+        if ckpt is not None and isinstance(e, ckpt.UnreadableCheckpoint):
+            print(f"jaxrl-llm: error: {e}", file=sys.stderr)
+            return 1
+        raise
     if result is not None:
         print(json.dumps(result, indent=1, default=_json_default))
     return 0

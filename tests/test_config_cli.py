@@ -486,3 +486,21 @@ def test_choice_fields_select_a_part_and_set_its_arguments(tmp_path):
         apply_overrides(C(), ["recipe.los=gspo"])
     with pytest.raises(ConfigError, match="set one argument of a choice at a time"):
         apply_overrides(C(), ["recipe.loss.args=3"])
+
+
+def test_cli_no_readable_checkpoint_is_one_line_exit_1(exp_dir, capsys):
+    (exp_dir / "damaged.py").write_text(textwrap.dedent('''
+        import dataclasses
+
+        @dataclasses.dataclass
+        class Config:
+            x: int = 0
+
+        def main(cfg):
+            from jaxrl_llm.training.checkpoint import UnreadableCheckpoint
+            raise UnreadableCheckpoint("no readable checkpoint in runs/x/ckpt: step 4 is damaged")
+    ''').lstrip())
+    assert cli.main(["train", "damaged"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "jaxrl-llm: error: no readable checkpoint in runs/x/ckpt: step 4 is damaged"
+    assert not any("Traceback" in line for line in err)

@@ -16,11 +16,15 @@ may belong to a different mesh than the one that saved them.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import signal
+import sys
 import threading
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -29,12 +33,60 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxrl_llm.training.telemetry import jsonable
 
-__all__ = ["Checkpointer", "PreemptionGuard"]
+__all__ = ["Checkpointer", "PreemptionGuard", "UnreadableCheckpoint"]
+
+log = logging.getLogger("jaxrl_llm")
+
+
+class UnreadableCheckpoint(RuntimeError):
+    """A committed checkpoint that cannot be read back (its one-line message names the step,
+    the directory and the cause)."""
 
 
 def _jsonable(x: Any) -> Any:
     # non-finite metrics stay floats in the history (a resumed run reports what it reported)
     return jsonable(x, strict=False)
+
+
+def _root_cause(e: BaseException) -> str:
+    """``Type: message`` of the innermost exception in ``e``'s chain, on one line (TensorStore's
+    spec dumps cut off)."""
+    seen = []
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    for x in reversed(seen):
+        text = " ".join(str(x).split()).split(" See full TensorStore details")[0]
+        if text:
+            return f"{type(x).__name__}: {text[:400]}"
+    return type(seen[-1]).__name__
+
+
+def _silence_abandoned_reads() -> None:
+    """From now on, drop the "Exception ignored" reports of Orbax's abandoned read coroutines
+    (each array is read in its own coroutine; when one fails, the others that failed too print
+    their tracebacks whenever they are collected, hundreds of lines saying what the warning
+    said), and the "Event loop is closed" of the reads still in flight when Orbax gave up. Anything
+    else still goes to the previous hook. Installed once, on the first failure."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxrl_llm_orbax_filter", False):
+        return
+
+    def hook(u):
+        code = getattr(u.object, "cr_code", None)
+        if (code is not None and "orbax" in code.co_filename
+                and str(u.exc_value).startswith("Encountered error while reading")):
+            return
+        # the reads still in flight finish on TensorStore's threads after Orbax closed their loop
+        if (u.object is None and isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+                and u.exc_traceback is not None and "call_soon_threadsafe" in {
+                    f.name for f in traceback.extract_tb(u.exc_traceback)}):
+            return
+        previous(u)
+
+    hook._jaxrl_llm_orbax_filter = True
+    sys.unraisablehook = hook
+    gc.collect()
 
 
 class Checkpointer:
@@ -87,17 +139,85 @@ class Checkpointer:
                                                      record=ocp.args.JsonSave(record)),
                        metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()})
 
-    def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
-        """``(state, record)`` of ``step`` (default: the latest); ``template`` gives the tree,
-        dtypes and shardings of the state (concrete arrays or ``jax.ShapeDtypeStruct``)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+    def restore(self, template: Any, step: int | None = None, *,
+                apply: Callable[[Any, dict], None] | None = None) -> tuple[Any, dict]:
+        """``(state, record)`` of ``step``; ``template`` gives the tree, dtypes and shardings of
+        the state (concrete arrays or ``jax.ShapeDtypeStruct``).
+
+        Without ``step``: the newest *readable* checkpoint. A committed checkpoint damaged
+        afterwards (a truncated or missing array file, missing metadata, a missing item
+        directory, an unparsable record) is reported in one warning naming the step and the
+        reason, moved aside to ``<step>.unreadable`` (kept for inspection, out of the way of
+        the step's next save) and the next older one is tried; when none is readable,
+        :class:`UnreadableCheckpoint` says so in one line. The state and the record load
+        together or not at all: ``apply(state, record)`` (a trainer putting them in place) runs
+        as part of reading a step, and a step it rejects counts as unreadable (the next older
+        step's ``apply`` then overwrites whatever the rejected one set). With ``step``, that step
+        or :class:`UnreadableCheckpoint`.
+        """
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), template)
-        out = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                              record=ocp.args.JsonRestore()))
-        return out["state"], dict(out["record"])
+        if step is not None:
+            return self._restore_step(step, abstract, apply)
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        reasons = []
+        for s in steps:
+            try:
+                out = self._restore_step(s, abstract, apply)
+            except UnreadableCheckpoint as e:
+                reasons.append(s)
+                aside = self._move_aside(s)
+                older = [t for t in steps if t < s]
+                log.warning("%s; %s; %s", e, f"moved to {aside}" if aside else "left in place",
+                            f"trying step {older[0]}" if older else "no older checkpoint")
+                continue
+            return out
+        which = f"step {reasons[0]} is" if len(reasons) == 1 else f"steps {', '.join(map(str, reasons))} are"
+        raise UnreadableCheckpoint(f"no readable checkpoint in {self.directory}: {which} damaged (moved to "
+                                   f"<step>.unreadable); start in a new run.out or delete {self.directory}")
+
+    def _restore_step(self, step: int, abstract: Any, apply: Callable[[Any, dict], None] | None) -> tuple[Any, dict]:
+        path = self.directory / str(step)
+        if not path.is_dir():
+            raise UnreadableCheckpoint(f"checkpoint step {step} in {self.directory} is unreadable: {path} is missing")
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                  record=ocp.args.JsonRestore()))
+            state, record = out["state"], out["record"]
+            if not isinstance(record, dict) or not {"data_state", "loop", "history"} <= set(record):
+                raise ValueError(f"the record holds {sorted(record) if isinstance(record, dict) else type(record)}")
+            # read every array now, so that a damaged file fails here and not in the first step
+            jax.block_until_ready(state)
+            if apply is not None:
+                apply(state, dict(record))
+        except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line, with its cause
+            log.debug("reading checkpoint step %d failed", step, exc_info=True)
+            reason = _root_cause(e)
+        else:
+            return state, dict(record)
+        _silence_abandoned_reads()
+        raise UnreadableCheckpoint(f"checkpoint step {step} in {self.directory} is unreadable: {reason}")
+
+    def _move_aside(self, step: int) -> Path | None:
+        """Rename a damaged step's directory to ``<step>.unreadable`` (``.unreadable-2``, ... when
+        taken) on the primary host, and forget the step. None if there is nothing to move."""
+        src = self.directory / str(step)
+        dest = None
+        if src.exists() and jax.process_index() == 0:
+            dest = self.directory / f"{step}.unreadable"
+            k = 1
+            while dest.exists():
+                k += 1
+                dest = self.directory / f"{step}.unreadable-{k}"
+            src.rename(dest)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"jaxrl_llm checkpoint {step} moved aside")
+        self._mgr.reload()
+        return dest
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are complete."""

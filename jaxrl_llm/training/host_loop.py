@@ -159,15 +159,21 @@ class HostLoop:
                                history=self.history, metrics=metrics)
 
     def restore(self) -> bool:
-        """Resume from the latest checkpoint, if any; True if one was restored."""
+        """Resume from the newest readable checkpoint, if any; True if one was restored. A damaged
+        newest checkpoint is reported in one warning and the next older one is used
+        (:meth:`Checkpointer.restore`); the arrays, the data iterator, the counters, every part's
+        loop state and the history come from one step."""
         if self.checkpointer is None or self.checkpointer.latest_step() is None:
             return False
-        state, record = self.checkpointer.restore(self.checkpoint_state())
-        self.load_checkpoint_state(state)
-        self.data.set_state(record["data_state"])
-        self.iteration = int(record["loop"]["iteration"])
-        self.load_loop_state(record["loop"])
-        self.history = list(record["history"])
+
+        def apply(state, record):
+            self.load_checkpoint_state(state)
+            self.data.set_state(record["data_state"])
+            self.iteration = int(record["loop"]["iteration"])
+            self.load_loop_state(record["loop"])
+            self.history = list(record["history"])
+
+        self.checkpointer.restore(self.checkpoint_state(), apply=apply)
         return True
 
     def run(self, steps: int, *, progress: bool = False) -> list[dict]:

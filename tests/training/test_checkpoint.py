@@ -1,6 +1,7 @@
 """Orbax checkpoints: bitwise round trip, retention, atomicity under SIGKILL, SIGTERM guard."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from flax import nnx
 
 from jaxrl_llm.models import ModelConfig, Transformer
 from jaxrl_llm.training import init_train_state
-from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard
+from jaxrl_llm.training.checkpoint import Checkpointer, PreemptionGuard, UnreadableCheckpoint
 
 CFG = ModelConfig(vocab_size=31, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
                   intermediate_size=24)
@@ -94,6 +95,79 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_usable(tmp_path):
     ck.save(2, {"w": jnp.ones(1000, jnp.float32)})
     ck.wait()
     assert ck.latest_step() == 2
+    ck.close()
+
+
+def _largest_array_file(step_dir):
+    files = [f for f in (step_dir / "state").rglob("*") if f.is_file() and "ocdbt.process" in str(f)
+             and f.parent.name == "d"]
+    return max(files, key=lambda f: f.stat().st_size)
+
+
+def _truncate(step_dir):
+    f = _largest_array_file(step_dir)
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated array file": _truncate,
+    "missing array file": lambda d: _largest_array_file(d).unlink(),
+    "missing metadata": lambda d: (d / "state" / "_METADATA").unlink(),
+    "unparsable record": lambda d: (d / "record" / "metadata").write_text('{"data_state": '),
+    "deleted item directory": lambda d: shutil.rmtree(d / "state"),
+    "deleted step directory": lambda d: shutil.rmtree(d),
+}
+
+
+def _save_steps(d, steps):
+    states = {}
+    with Checkpointer(d, keep_last=5) as ck:
+        for s in steps:
+            states[s] = make_state(s)
+            ck.save(s, states[s], data_state={"next": s}, loop={"iteration": s}, history=[{"step": s}])
+            ck.wait()
+    return states
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, damage, caplog):
+    d = tmp_path / "ck"
+    states = _save_steps(d, [2, 4])
+    DAMAGE[damage](d / "4")
+    ck = Checkpointer(d)
+    with caplog.at_level("WARNING", logger="jaxrl_llm"):
+        restored, record = ck.restore(make_state(0))
+    # step 2 whole: its arrays and its record together
+    assert leaves_equal(restored, states[2])
+    assert record["data_state"] == {"next": 2} and record["loop"]["iteration"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if damage == "deleted step directory":  # nothing to report: the step is simply not there
+        assert warnings == [] and not (d / "4.unreadable").exists()
+    else:
+        assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+        assert warnings[0].startswith(f"checkpoint step 4 in {d} is unreadable: ") and "trying step 2" in warnings[0]
+        assert (d / "4.unreadable").is_dir()  # kept for inspection, out of the next save's way
+    # the run goes on: step 4 is saved again and is the newest
+    ck.save(4, states[4], data_state={"next": 4})
+    ck.wait()
+    assert ck.latest_step() == 4 and leaves_equal(ck.restore(make_state(0))[0], states[4])
+    ck.close()
+
+
+def test_no_readable_checkpoint_is_one_line(tmp_path):
+    d = tmp_path / "ck"
+    _save_steps(d, [2, 4])
+    _truncate(d / "4")
+    (d / "2" / "state" / "_METADATA").unlink()
+    ck = Checkpointer(d)
+    with pytest.raises(UnreadableCheckpoint) as e:
+        ck.restore(make_state(0))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"no readable checkpoint in {d}: steps 4, 2")
+    assert (d / "4.unreadable").is_dir() and (d / "2.unreadable").is_dir()
+    # an explicit step is read or refused, never replaced by another
+    _save_steps(d, [6])
+    with pytest.raises(UnreadableCheckpoint, match="checkpoint step 5 .* is missing"):
+        Checkpointer(d).restore(make_state(0), step=5)
     ck.close()
 
 
