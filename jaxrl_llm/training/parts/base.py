@@ -1,0 +1,221 @@
+"""Loop parts: a loop-level method (a prompt selector, a rollout allocator, hints, replay, a
+stale or asynchronous sampler, ...) as one object that declares where it hooks into the RL loop.
+
+A part declares, on its class:
+
+- ``key``: the config key that turns it on (``"recipe.selector"``, ``"rollout.staleness"``);
+- ``phases``: the phases of the loop it hooks into (:data:`PHASES`), one method per phase named
+  like it. Defining a hook method for a phase that is not declared is an error when the class
+  is defined, and the loop calls a part only in the phases it declared (:class:`Parts`);
+- ``requires``: capabilities it needs (:class:`Need`: the capability and what to set when it is
+  missing), provided by the run's settings (``"old_logp=recompute"``, ``"one_process"``) or by
+  another part (``provides``);
+- ``provides``: capabilities it gives the others;
+- ``conflicts``: part keys or capabilities it cannot be combined with (:class:`Clash`: the
+  other and why).
+
+:func:`validate` checks a set of parts against the run's capabilities once, at config time,
+and raises a one-line :class:`~jaxrl_llm.config.ConfigError` naming the keys and the reason.
+:func:`conflict_table` writes the same declarations as the guide's table.
+
+A part's state is checkpointed with the loop: JSON-able state (``state_dict`` /
+``load_state_dict``) in the checkpoint's record, arrays (``arrays`` / ``load_arrays``) beside the
+train state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+from jaxrl_llm.config import ConfigError
+
+__all__ = ["PHASES", "Need", "Clash", "LoopPart", "PhaseError", "Parts", "only_in", "validate", "conflict_table"]
+
+#: the loop's phases, in the order a step runs them
+PHASES: tuple[str, ...] = (
+    "select",       # choose the step's prompts among candidates
+    "allocate",     # rollouts per prompt
+    "sample",       # the policy that samples, and how (stale, asynchronous, tree)
+    "score",        # rewards of a round
+    "truncate",     # cut responses before training, scored again
+    "resample",     # hints, replay: rows of a round replaced
+    "shape",        # per-row score shaping (stateful shaping reads and writes its per-prompt state)
+    "keep",         # which groups a round keeps (group filters)
+    "assemble",     # the train batch and what the recipe requires
+    "estimate",     # advantages
+    "filter",       # a resample of the train batch
+    "update",       # the optimiser steps
+    "after_update",  # trackers and models updated from the step (SPO's tracker, the prompt value model)
+    "observe",      # the step's outcome recorded (prompt statistics, the KL controller)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """A capability a part requires, and the setting that provides it (the error message's end:
+    ``"<part> needs <what>: <fix>"``)."""
+
+    what: str
+    fix: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Clash:
+    """A part key or capability a part cannot be combined with, and why."""
+
+    other: str
+    why: str
+
+
+class PhaseError(RuntimeError):
+    """A part used in a phase it did not declare."""
+
+
+class LoopPart:
+    """Base class of loop parts (see the module docstring). Subclasses set the class
+    attributes and define one method per declared phase: ``def <phase>(self, ctx, value)``,
+    returning the phase's value (what the next part in the phase receives)."""
+
+    key: ClassVar[str] = ""
+    phases: ClassVar[frozenset[str]] = frozenset()
+    requires: ClassVar[tuple[Need, ...]] = ()
+    provides: ClassVar[frozenset[str]] = frozenset()
+    conflicts: ClassVar[tuple[Clash, ...]] = ()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.phases = frozenset(cls.phases)
+        unknown = sorted(cls.phases - set(PHASES))
+        if unknown:
+            raise TypeError(f"{cls.__name__} declares unknown phases {unknown}; the phases are {', '.join(PHASES)}")
+        undeclared = sorted(p for p in PHASES if p not in cls.phases and callable(getattr(cls, p, None)))
+        if undeclared:
+            raise TypeError(f"{cls.__name__} defines hook(s) {undeclared} for phases it does not declare "
+                            f"(phases = {sorted(cls.phases)})")
+        missing = sorted(p for p in cls.phases if not callable(getattr(cls, p, None)))
+        if missing:
+            raise TypeError(f"{cls.__name__} declares phases {missing} but defines no method for them")
+
+    #: the part's name within its key (``recipe.selector=<name>``); "" for a plain setting
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.key}={self.name}" if self.name else self.key
+
+    # state, checkpointed with the loop
+    def state_dict(self) -> dict:
+        """JSON-able state (the checkpoint's record)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self.label} keeps no state but the checkpoint holds {sorted(state)}")
+
+    def arrays(self) -> Any:
+        """Array state (beside the train state in the checkpoint), or None."""
+        return None
+
+    def load_arrays(self, arrays: Any) -> None:
+        if arrays is not None:
+            raise ValueError(f"{self.label} keeps no arrays but the checkpoint holds some")
+
+    def metrics(self) -> dict[str, float]:
+        """The part's metrics of the step (read after the step)."""
+        return {}
+
+
+class Parts:
+    """The run's parts, validated, and the loop's way of calling them: ``parts(phase, ctx,
+    value)`` passes ``value`` through every part that declared ``phase``, in order. ``ctx``
+    (any object with a ``phase`` attribute) tells the services a part may use which phase runs,
+    so a service of another phase can refuse (:func:`only_in`)."""
+
+    def __init__(self, parts: Iterable[LoopPart], capabilities: Mapping[str, str] | None = None):
+        self.parts = tuple(parts)
+        validate(self.parts, capabilities or {})
+
+    def __iter__(self):
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def get(self, key: str) -> LoopPart | None:
+        return next((p for p in self.parts if p.key == key), None)
+
+    def in_phase(self, phase: str) -> tuple[LoopPart, ...]:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
+        return tuple(p for p in self.parts if phase in p.phases)
+
+    def __call__(self, phase: str, ctx: Any, value: Any = None) -> Any:
+        for p in self.in_phase(phase):
+            before = getattr(ctx, "phase", None), getattr(ctx, "part", None)
+            ctx.phase, ctx.part = phase, p
+            try:
+                value = getattr(p, phase)(ctx, value)
+            finally:
+                ctx.phase, ctx.part = before
+        return value
+
+    def state_dict(self) -> dict:
+        return {p.key: p.state_dict() for p in self.parts if p.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for p in self.parts:
+            p.load_state_dict(state.get(p.key, {}))
+        unknown = sorted(set(state) - {p.key for p in self.parts})
+        if unknown:
+            raise ValueError(f"the checkpoint holds the state of {unknown}, which this run does not have")
+
+
+def only_in(ctx: Any, service: str, *phases: str) -> None:
+    """Raise :class:`PhaseError` unless ``ctx`` is running one of ``phases`` (a service of the
+    loop that a part may only use there)."""
+    phase = getattr(ctx, "phase", None)
+    if phase not in phases:
+        part = getattr(ctx, "part", None)
+        who = part.label if part is not None else "the loop"
+        raise PhaseError(f"{who} used {service} in phase {phase!r}; it belongs to phase(s) {', '.join(phases)}")
+
+
+def validate(parts: Iterable[LoopPart], capabilities: Mapping[str, str]) -> None:
+    """Check ``parts`` against each other and the run's ``capabilities`` (name -> the setting
+    that gives it, for messages). One-line :class:`ConfigError` on the first problem: a key
+    used twice, a missing capability, a conflict."""
+    parts = tuple(parts)
+    by_key: dict[str, LoopPart] = {}
+    for p in parts:
+        if p.key in by_key:
+            raise ConfigError(f"{p.key} is set twice ({by_key[p.key].label} and {p.label})")
+        by_key[p.key] = p
+    provided: dict[str, str] = dict(capabilities)
+    for p in parts:
+        for c in p.provides:
+            provided.setdefault(c, p.label)
+    for p in parts:
+        for need in p.requires:
+            if need.what not in provided:
+                raise ConfigError(f"{p.label} needs {need.what}: {need.fix}")
+        for clash in p.conflicts:
+            other = by_key.get(clash.other)
+            if other is not None and other is not p:
+                raise ConfigError(f"{p.label} cannot be combined with {other.label}: {clash.why}")
+            if other is None and clash.other in provided:
+                raise ConfigError(f"{p.label} cannot be combined with {provided[clash.other]}: {clash.why}")
+
+
+def conflict_table(classes: Iterable[type[LoopPart]]) -> str:
+    """The declarations of ``classes`` as a Markdown table (key, phases, requires, provides,
+    cannot be combined with), for the guide."""
+    rows = ["| part | phases | requires | provides | cannot be combined with |", "|---|---|---|---|---|"]
+    for cls in classes:
+        phases = ", ".join(p for p in PHASES if p in cls.phases)
+        req = "; ".join(f"{n.what} ({n.fix})" for n in cls.requires) or "-"
+        prov = ", ".join(sorted(cls.provides)) or "-"
+        clash = "; ".join(f"`{c.other}`: {c.why}" for c in cls.conflicts) or "-"
+        rows.append(f"| `{cls.key}` | {phases} | {req} | {prov} | {clash} |")
+    return "\n".join(rows)
