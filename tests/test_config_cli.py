@@ -498,9 +498,9 @@ def test_cli_no_readable_checkpoint_is_one_line_exit_1(exp_dir, capsys):
 
         def main(cfg):
             from jaxrl_llm.training.checkpoint import UnreadableCheckpoint
-            raise UnreadableCheckpoint("no readable checkpoint in runs/x/ckpt: step 4 is damaged")
+            raise UnreadableCheckpoint("no checkpoint in runs/x/ckpt could be read (all left in place): step 4: x")
     ''').lstrip())
     assert cli.main(["train", "damaged"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "jaxrl-llm: error: no readable checkpoint in runs/x/ckpt: step 4 is damaged"
+    assert err[-1] == "jaxrl-llm: error: no checkpoint in runs/x/ckpt could be read (all left in place): step 4: x"
     assert not any("Traceback" in line for line in err)

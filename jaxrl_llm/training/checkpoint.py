@@ -40,7 +40,20 @@ log = logging.getLogger("jaxrl_llm")
 
 class UnreadableCheckpoint(RuntimeError):
     """A committed checkpoint that cannot be read back (its one-line message names the step,
-    the directory and the cause)."""
+    the directory and the cause; ``cause``: the cause alone)."""
+
+    def __init__(self, message: str, *, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause or message
+
+
+def _all_processes(ok: bool) -> bool:
+    """Whether ``ok`` holds on every process (a collective when there are several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.array([ok], np.int32))).all())
 
 
 def _jsonable(x: Any) -> Any:
@@ -144,16 +157,18 @@ class Checkpointer:
         """``(state, record)`` of ``step``; ``template`` gives the tree, dtypes and shardings of
         the state (concrete arrays or ``jax.ShapeDtypeStruct``).
 
-        Without ``step``: the newest *readable* checkpoint. A committed checkpoint damaged
-        afterwards (a truncated or missing array file, missing metadata, a missing item
-        directory, an unparsable record) is reported in one warning naming the step and the
-        reason, moved aside to ``<step>.unreadable`` (kept for inspection, out of the way of
-        the step's next save) and the next older one is tried; when none is readable,
-        :class:`UnreadableCheckpoint` says so in one line. The state and the record load
-        together or not at all: ``apply(state, record)`` (a trainer putting them in place) runs
-        as part of reading a step, and a step it rejects counts as unreadable (the next older
-        step's ``apply`` then overwrites whatever the rejected one set). With ``step``, that step
-        or :class:`UnreadableCheckpoint`.
+        Without ``step``: the newest *readable* checkpoint. The steps are tried newest first;
+        reading a step means its arrays, its record and ``apply(state, record)`` (a trainer
+        putting them in place), so the state comes from one step or none. When an older step
+        reads, each newer one that did not (a truncated or missing array file, missing
+        metadata, a missing item directory, an unparsable record) is reported in one warning
+        naming the step and the cause, and moved aside to ``<step>.unreadable`` (kept for
+        inspection, out of the way of that step's next save); the older step's ``apply`` has
+        overwritten whatever a failed one set. When no step reads (a template that does not
+        fit, e.g. another model or recipe, fails every step alike) nothing is moved and
+        :class:`UnreadableCheckpoint` gives each step's cause in one line. With several
+        processes a step counts as read only if every process read it. With ``step``: that
+        step, or :class:`UnreadableCheckpoint`.
         """
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), template)
@@ -162,62 +177,70 @@ class Checkpointer:
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        reasons = []
+        failed: list[tuple[int, str]] = []
         for s in steps:
             try:
                 out = self._restore_step(s, abstract, apply)
             except UnreadableCheckpoint as e:
-                reasons.append(s)
-                aside = self._move_aside(s)
-                older = [t for t in steps if t < s]
-                log.warning("%s; %s; %s", e, f"moved to {aside}" if aside else "left in place",
-                            f"trying step {older[0]}" if older else "no older checkpoint")
+                failed.append((s, e.cause))
                 continue
+            for bad, cause in failed:  # an older step reads: the newer ones are damaged
+                aside = self._move_aside(bad)
+                where = f"moved to {aside}" if aside is not None else "its directory is gone"
+                log.warning("checkpoint step %d in %s is unreadable: %s; %s; resuming from step %d", bad,
+                            self.directory, cause, where, s)
             return out
-        which = f"step {reasons[0]} is" if len(reasons) == 1 else f"steps {', '.join(map(str, reasons))} are"
-        raise UnreadableCheckpoint(f"no readable checkpoint in {self.directory}: {which} damaged (moved to "
-                                   f"<step>.unreadable); start in a new run.out or delete {self.directory}")
+        causes = "; ".join(f"step {s}: {c[:200]}" for s, c in failed)
+        raise UnreadableCheckpoint(f"no checkpoint in {self.directory} could be read (all left in place): {causes}",
+                                   cause=failed[0][1])
 
     def _restore_step(self, step: int, abstract: Any, apply: Callable[[Any, dict], None] | None) -> tuple[Any, dict]:
         path = self.directory / str(step)
+        cause = None
         if not path.is_dir():
-            raise UnreadableCheckpoint(f"checkpoint step {step} in {self.directory} is unreadable: {path} is missing")
-        try:
-            out = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                  record=ocp.args.JsonRestore()))
-            state, record = out["state"], out["record"]
-            if not isinstance(record, dict) or not {"data_state", "loop", "history"} <= set(record):
-                raise ValueError(f"the record holds {sorted(record) if isinstance(record, dict) else type(record)}")
-            # read every array now, so that a damaged file fails here and not in the first step
-            jax.block_until_ready(state)
-            if apply is not None:
-                apply(state, dict(record))
-        except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line, with its cause
-            log.debug("reading checkpoint step %d failed", step, exc_info=True)
-            reason = _root_cause(e)
+            cause = f"{path} is missing"
         else:
-            return state, dict(record)
-        _silence_abandoned_reads()
-        raise UnreadableCheckpoint(f"checkpoint step {step} in {self.directory} is unreadable: {reason}")
+            try:
+                out = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                      record=ocp.args.JsonRestore()))
+                state, record = out["state"], out["record"]
+                if not isinstance(record, dict) or not {"data_state", "loop", "history"} <= set(record):
+                    raise ValueError(f"the record holds {sorted(record) if isinstance(record, dict) else type(record)}")
+                if apply is not None:
+                    apply(state, dict(record))
+            except Exception as e:  # noqa: BLE001 - reported in one line with its root cause (debug log: traceback)
+                log.debug("reading checkpoint step %d failed", step, exc_info=True)
+                cause = _root_cause(e)
+        if cause is not None:
+            _silence_abandoned_reads()
+        if not _all_processes(cause is None):
+            cause = cause or "another process could not read it"
+        if cause is not None:
+            raise UnreadableCheckpoint(f"checkpoint step {step} in {self.directory} is unreadable: {cause}", cause=cause)
+        return state, dict(record)
 
     def _move_aside(self, step: int) -> Path | None:
         """Rename a damaged step's directory to ``<step>.unreadable`` (``.unreadable-2``, ... when
-        taken) on the primary host, and forget the step. None if there is nothing to move."""
+        taken; the primary process renames, every process names the same place) and forget the
+        step. None if its directory is gone."""
         src = self.directory / str(step)
-        dest = None
-        if src.exists() and jax.process_index() == 0:
-            dest = self.directory / f"{step}.unreadable"
-            k = 1
-            while dest.exists():
-                k += 1
-                dest = self.directory / f"{step}.unreadable-{k}"
-            src.rename(dest)
-        if jax.process_count() > 1:
+        exists = src.exists()
+        dest = self.directory / f"{step}.unreadable"
+        k = 1
+        while dest.exists():
+            k += 1
+            dest = self.directory / f"{step}.unreadable-{k}"
+        several = jax.process_count() > 1
+        if several:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices(f"jaxrl_llm checkpoint {step} moved aside")
+            multihost_utils.sync_global_devices(f"jaxrl_llm checkpoint {step}: named")
+        if exists and jax.process_index() == 0:
+            src.rename(dest)
+        if several:
+            multihost_utils.sync_global_devices(f"jaxrl_llm checkpoint {step}: moved aside")
         self._mgr.reload()
-        return dest
+        return dest if exists else None
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are complete."""

@@ -133,20 +133,21 @@ def _save_steps(d, steps):
 def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, damage, caplog):
     d = tmp_path / "ck"
     states = _save_steps(d, [2, 4])
+    ck = Checkpointer(d)  # lists steps 2 and 4, then step 4 is damaged
     DAMAGE[damage](d / "4")
-    ck = Checkpointer(d)
     with caplog.at_level("WARNING", logger="jaxrl_llm"):
         restored, record = ck.restore(make_state(0))
     # step 2 whole: its arrays and its record together
     assert leaves_equal(restored, states[2])
     assert record["data_state"] == {"next": 2} and record["loop"]["iteration"] == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    if damage == "deleted step directory":  # nothing to report: the step is simply not there
-        assert warnings == [] and not (d / "4.unreadable").exists()
-    else:
-        assert len(warnings) == 1 and "\n" not in warnings[0], warnings
-        assert warnings[0].startswith(f"checkpoint step 4 in {d} is unreadable: ") and "trying step 2" in warnings[0]
-        assert (d / "4.unreadable").is_dir()  # kept for inspection, out of the next save's way
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert warnings[0].startswith(f"checkpoint step 4 in {d} is unreadable: ")
+    assert warnings[0].endswith("; resuming from step 2")
+    if damage == "deleted step directory":
+        assert "its directory is gone" in warnings[0] and not (d / "4.unreadable").exists()
+    else:  # kept for inspection, out of the next save's way
+        assert f"moved to {d / '4.unreadable'}" in warnings[0] and (d / "4.unreadable").is_dir()
     # the run goes on: step 4 is saved again and is the newest
     ck.save(4, states[4], data_state={"next": 4})
     ck.wait()
@@ -154,7 +155,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_readable_one(tmp_p
     ck.close()
 
 
-def test_no_readable_checkpoint_is_one_line(tmp_path):
+def test_no_readable_checkpoint_is_one_line_and_moves_nothing(tmp_path):
     d = tmp_path / "ck"
     _save_steps(d, [2, 4])
     _truncate(d / "4")
@@ -162,12 +163,44 @@ def test_no_readable_checkpoint_is_one_line(tmp_path):
     ck = Checkpointer(d)
     with pytest.raises(UnreadableCheckpoint) as e:
         ck.restore(make_state(0))
-    assert "\n" not in str(e.value) and str(e.value).startswith(f"no readable checkpoint in {d}: steps 4, 2")
-    assert (d / "4.unreadable").is_dir() and (d / "2.unreadable").is_dir()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"no checkpoint in {d} could be read (all left in place): step 4: ")
+    assert "; step 2: " in msg
+    assert (d / "4").is_dir() and (d / "2").is_dir() and not list(d.glob("*.unreadable"))
     # an explicit step is read or refused, never replaced by another
-    _save_steps(d, [6])
     with pytest.raises(UnreadableCheckpoint, match="checkpoint step 5 .* is missing"):
-        Checkpointer(d).restore(make_state(0), step=5)
+        ck.restore(make_state(0), step=5)
+    ck.close()
+
+
+def test_a_template_that_does_not_fit_fails_every_step_and_moves_nothing(tmp_path):
+    """Another model or recipe (a config mistake) is not damage: every step fails alike, the
+    error names the cause, the checkpoints stay where they are."""
+    d = tmp_path / "ck"
+    _save_steps(d, [2, 4])
+    other = make_state(0)._replace(step=jnp.zeros(3, jnp.int32))  # a leaf of another shape
+    ck = Checkpointer(d)
+    with pytest.raises(UnreadableCheckpoint, match=r"could be read \(all left in place\): step 4: .*; step 2: "):
+        ck.restore(other)
+    assert sorted(ck.all_steps()) == [2, 4] and not list(d.glob("*.unreadable"))
+    ck.close()
+
+
+def test_a_step_the_trainer_rejects_falls_back_and_the_older_step_is_applied_whole(tmp_path, caplog):
+    d = tmp_path / "ck"
+    states = _save_steps(d, [2, 4])
+    applied = {}
+
+    def apply(state, record):
+        applied.update(state=state, iteration=record["loop"]["iteration"])  # set, then rejected below
+        if record["loop"]["iteration"] == 4:
+            raise ValueError("this record does not fit the trainer")
+
+    ck = Checkpointer(d)
+    with caplog.at_level("WARNING", logger="jaxrl_llm"):
+        ck.restore(make_state(0), apply=apply)
+    assert applied["iteration"] == 2 and leaves_equal(applied["state"], states[2])
+    assert "ValueError: this record does not fit the trainer" in caplog.records[-1].getMessage()
     ck.close()
 
 
