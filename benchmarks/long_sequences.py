@@ -13,8 +13,8 @@ against packed ones. Each case runs in its own process (peak resident memory is 
   blockwise with packing (``train.max_tokens_per_microbatch=8192``).
 - ``packing``: a long-tailed length distribution (32 rows, completion lengths log-normal with a
   median of 300 tokens, capped at 2,048): the padding fraction and the GRPO step time of SmolLM2
-  padded (one row per micro-batch) against packed (one 2,304-token row per micro-batch: the
-  longest row), the same memory per micro-batch.
+  padded (one row per micro-batch) against packed (micro-batches of one row as long as the
+  longest prompt + completion), the same memory per micro-batch.
 
 Run: ``.venv/bin/python benchmarks/long_sequences.py decode|update|packing [--write]`` (``--write``
 puts the table into docs/benchmarks.md).

@@ -60,17 +60,15 @@ __all__ = ["IMPLEMENTATIONS", "AUTO_DENSE_MAX_KEYS", "Part", "attention", "dense
            "compile_for", "splash_interpret", "target_platform", "context_axes", "softcap_logits"]
 
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "splash", "cudnn")
-#: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), or while a call's float32
-#: scores stay within :data:`AUTO_DENSE_MAX_SCORE_ELEMS` (a decode step of a few rows: dense decoded
-#: 4,096 SmolLM2 tokens in 118 s, blockwise in 194-202 s); ``blockwise`` above both
+#: ``auto`` on CPU: ``dense`` up to this many keys (all parts together), or while the call's
+#: scores fit :data:`AUTO_SCORE_ELEMS`; ``blockwise`` above both
 AUTO_DENSE_MAX_KEYS = 2048
-AUTO_DENSE_MAX_SCORE_ELEMS = 1 << 24  # 64 MiB of float32 scores
 DEFAULT_BLOCK = 512
-#: ``auto``'s blockwise calls take key blocks as large as keep one block's float32 scores within
-#: this many elements (64 MiB): a decode step of a few rows reads its cache in one block (a
-#: loop over small blocks made a 4,096-token decode of SmolLM2 37% slower than dense), a large
-#: batch in blocks
-AUTO_SCORE_BLOCK_ELEMS = 1 << 24
+#: ``auto``'s budget of float32 scores (64 MiB): a call whose ``B H T S`` scores fit it runs
+#: ``dense`` on CPU even above :data:`AUTO_DENSE_MAX_KEYS` (a decode step of a few rows: SmolLM2
+#: decoded 4,096 tokens in 126 s dense, 187 s with 512-key blocks; docs/benchmarks.md), and
+#: ``auto``'s blockwise calls take key blocks as large as keep one block's scores within it
+AUTO_SCORE_ELEMS = 1 << 24
 
 _NEG = -1e30  # additive mask value: finite, so fully masked rows stay NaN-free
 
@@ -170,7 +168,7 @@ def resolve_implementation(name: str, platform: str | None = None, num_keys: int
         return "cudnn"
     if num_keys is None:
         return "auto"
-    small = num_keys <= AUTO_DENSE_MAX_KEYS or (score_elems is not None and score_elems <= AUTO_DENSE_MAX_SCORE_ELEMS)
+    small = num_keys <= AUTO_DENSE_MAX_KEYS or (score_elems is not None and score_elems <= AUTO_SCORE_ELEMS)
     return "dense" if small else "blockwise"
 
 
@@ -850,7 +848,7 @@ def attention(q, parts, *, q_slot, window=None, q_seg=None, scale=None, softcap=
         if impl == "blockwise":
             b, t, h = q.shape[:3]
             rows = b * h * min(t, block_q)
-            block_k = max(block_k, (AUTO_SCORE_BLOCK_ELEMS // rows) // block_k * block_k)
+            block_k = max(block_k, (AUTO_SCORE_ELEMS // rows) // block_k * block_k)
     found = context_axes()
     if found is not None and _context_parallel_applies(q, parts, q_slot):
         if impl == "cudnn":  # per shard the queries start past the keys: not cuDNN's causal layout

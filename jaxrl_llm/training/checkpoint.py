@@ -289,9 +289,4 @@ class PreemptionGuard:
 
     def should_stop(self) -> bool:
         """Whether any process received the signal (a collective when there are several)."""
-        if jax.process_count() == 1:
-            return self.requested
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
-        return bool(np.asarray(flags).any())
+        return not _all_processes(not self.requested)

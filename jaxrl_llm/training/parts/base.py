@@ -162,7 +162,8 @@ class Parts:
         return value
 
     def state_dict(self) -> dict:
-        return {p.key: p.state_dict() for p in self.parts if p.state_dict()}
+        states = {p.key: p.state_dict() for p in self.parts}
+        return {k: v for k, v in states.items() if v}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for p in self.parts:
