@@ -29,7 +29,6 @@ bitwise the uninterrupted one (tested).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from functools import partial
 from typing import Any
@@ -58,20 +57,13 @@ def _entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
                              chunk_size=chunk_size, temperature=temperature, with_entropy=True)
     return jax.lax.stop_gradient(ent)
 
-@partial(jax.jit, static_argnums=(0,))
-def _contributions(graphdef, params, others, tokens, mask, turn_end, turn_mask):
-    """``[N, K]`` the progress estimator's per-turn outputs (SPA-RL's contributions)."""
-    from flax import nnx
-
-    from jaxrl_llm.training.objectives import turn_contributions
-
-    model = nnx.merge(graphdef, params, *others)
-    return turn_contributions(model, {"tokens": tokens, "mask": mask, "turn_end": turn_end, "turn_mask": turn_mask})
-
-
 #: estimator inputs only an agent run provides (kind in PROVIDED_INPUTS): filled by the assemble phase
 AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp",
                 "progress", "grounding", "turn_tool_calls")
+
+
+def _in_batch(tr, step) -> None:
+    """A turn-level input the episode batch holds already."""
 
 
 class SeedStream:
@@ -183,16 +175,12 @@ def build_episode_batch(ep: Episodes, prompt_len: int, episode_len: int, pad_id:
             "turn_end": turn_end}
 
 
-@dataclasses.dataclass
-class _EpisodeRound:
-    """The single 'round' of an agent step (the loop's rounds hold rollouts and reward outputs)."""
-
-    episodes: Episodes
-    scores: np.ndarray
-
-
 class AgentTrainer(RLTrainer):
-    """Multi-turn RL on an environment family (module docstring).
+    """Multi-turn RL on an environment family (module docstring): the loop of
+    :class:`~jaxrl_llm.training.RLTrainer` with episodes as its rounds' rows. Its parts are the
+    same registry's (the critic, the KL controller, the batch filter, SPA-RL's progress
+    estimator, the ``env.horizon`` schedule, ...); parts that act on single-turn completions
+    declare that they cannot run on episodes and are refused in one line.
 
     Args:
       graphdef, state, train_step: as :class:`~jaxrl_llm.training.RLTrainer`.
@@ -218,64 +206,45 @@ class AgentTrainer(RLTrainer):
     progress_metric = "episodes/success_rate"
     progress_desc = "agent RL"
     own_inputs = AGENT_INPUTS
+    episodes = True
 
     def __init__(self, graphdef, state, train_step, sampler, seeds: SeedStream, spec: EnvSpec, fmt: ChatFormat,
                  recipe, tokenizer, *, episode_buckets=(64, 128, 256, 512, 1024, 2048), max_turns: int | None = None,
-                 horizon: Any = None,
-                 step_timeout_s: float = 30.0, progress: Any = None, **kw: Any):
+                 step_timeout_s: float = 30.0, **kw: Any):
         if "greedy_scores" in recipe.requires:
             raise ValueError(f"recipe {recipe.name!r} needs a greedy baseline rollout (greedy_scores), which the agent "
                              f"loop does not run; choose another estimator")
-        if recipe.shaping or recipe.group_filter.max_rounds > 1 or recipe.truncation is not None:
-            raise ValueError(f"recipe {recipe.name!r}: reward shaping, group filters and truncation act on single-turn "
-                             f"completions; "
-                             f"the agent loop does not run them (set recipe.shaping=[], no group filter and no truncation)")
-        if kw.get("staleness"):
-            raise ValueError("rollout.staleness: the agent loop samples with the current policy (stale rollouts are "
-                             "for single-turn runs)")
-        if "spo_value" in recipe.requires:
-            raise ValueError(f"recipe {recipe.name!r}: SPO's tracker follows single-turn prompts; the agent loop does "
-                             f"not run it")
-        if recipe.selector is not None:
-            raise ValueError(f"recipe.selector={recipe.selector.name}: prompt selectors choose among data prompts; the "
-                             f"agent loop draws environment seeds (set recipe.selector=none)")
-        if recipe.needs_progress_model and progress is None:
-            raise ValueError(f"recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) reads a progress "
-                             f"estimator's contributions: pass progress=Critic.create(cfg, optimizer, "
-                             f"ProgressObjective(), policy_params=...)")
-        if progress is not None and not recipe.needs_progress_model:
-            raise ValueError(f"progress estimator given but recipe {recipe.name!r} (estimator "
-                             f"{recipe.estimator.name!r}) does not read progress")
         super().__init__(graphdef, state, train_step, sampler, seeds, None, recipe, tokenizer, **kw)
-        self.progress = progress
-        self._progress_batch: dict | None = None
-        self._progress_metrics: list = []
         self.spec, self.fmt = spec, fmt
         self.episode_buckets = tuple(sorted(episode_buckets))
         self.max_turns, self.step_timeout_s = max_turns, float(step_timeout_s)
-        self.horizon = horizon
         self.last_episodes: Episodes | None = None
 
-    def collect(self, k_roll: jax.Array, t: dict):
+    def play(self, rnd) -> None:
+        """One round of episodes: ``G`` of each of ``B`` environment seeds; scores = returns."""
+        t = self.timings
         t0 = time.perf_counter()
-        seeds = next(self.data)
+        rnd.batch = next(self.data)
         t["time/data"] += time.perf_counter() - t0
+        self.current.target = self.current.target or len(rnd.batch)
         t0 = time.perf_counter()
         cap = self.max_turns
-        if self.horizon is not None:
-            stage_cap = self.horizon(self.iteration)
-            cap = stage_cap if cap is None else min(cap, stage_cap)
+        if rnd.turn_cap is not None:  # a horizon schedule's cap for this step
+            cap = rnd.turn_cap if cap is None else min(cap, rnd.turn_cap)
             t["env/max_turns"] = float(cap)
-        ep = rollout_episodes(self.sampler, self.state.params, self.spec, seeds, self.fmt, k_roll, *self.frozen,
+        ep = rollout_episodes(self.sampler, rnd.params, self.spec, rnd.batch, self.fmt, rnd.key, *self.frozen,
                               max_turns=cap, step_timeout_s=self.step_timeout_s)
         t["time/rollout"] += time.perf_counter() - t0
-        scores = ep.returns.astype(np.float32)
+        rnd.roll, rnd.scores = ep, ep.returns.astype(np.float32)
         self.last_episodes = ep
-        return [_EpisodeRound(ep, scores)], [(0, i) for i in range(len(seeds))], [], len(seeds)
 
-    def assemble(self, rounds, kept, dropped, target, key) -> StepBatch:
+    def build_batch(self, key) -> StepBatch:
+        """Train arrays of the episodes: first prompt + the episode's context tokens, observation
+        tokens in the attention mask but not in the loss; the turn-level inputs the recipe
+        requires in ``step.inputs`` (all of them in ``step.extra`` for the parts)."""
         rec = self.recipe
-        ep = rounds[0].episodes
+        rnd = self.current.rounds[0]
+        ep = rnd.roll
         prompt_len = bucket(max(len(p) for p in ep.prompt_ids), self.sampler.length_buckets)
         # the cache bounds an episode: past the largest bucket, the context length is the last one
         buckets = tuple(b for b in self.episode_buckets if b < self.sampler.context_len) + (self.sampler.context_len,)
@@ -293,84 +262,40 @@ class AgentTrainer(RLTrainer):
         for i, calls in enumerate(ep.turn_tool_calls):
             turn_inputs["turn_tool_calls"][i, :len(calls)] = calls[:k]
         n = len(ep.tokens)
-        step = StepBatch(arrays, rounds[0].scores, np.ones(n, bool), prompt_len, ep.prompts, ep.prompt_ids,
+        step = StepBatch(arrays, rnd.scores, np.ones(n, bool), prompt_len, ep.prompts, ep.prompt_ids,
                          {"seed": list(ep.seeds)}, {}, inputs={k: v for k, v in turn_inputs.items()
                                                                if k in rec.requires}, key=key,
-                         keys=[f"{self.spec.name}:seed {s}" for s in ep.seeds])
-        if rec.recompute_old_logp:
-            if "rollout_logp" in rec.requires or self.sampler_cast:
-                arrays["rollout_logp"] = arrays["old_logp"]
-            lp = self.logp(self.state.params, self.frozen, arrays["tokens"], arrays["mask"])
-            arrays["old_logp"] = np.where(arrays["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
-        self._behaviour_metrics(step, arrays["loss_mask"])
-        from jaxrl_llm.training.providers import INTRINSIC, PROVIDERS
-
-        for name in sorted(rec.requires - set(INTRINSIC) - set(AGENT_INPUTS)):
-            PROVIDERS[name](self, step)
-        if "turn_entropy" in rec.requires:
-            step.inputs["turn_entropy"] = self._turn_entropy(arrays, turn_inputs["turn_ids"], k)
-        if "gt_logp" in rec.requires:
-            step.inputs["gt_logp"] = self._gt_logp(ep, k)
-        if self.progress is not None:
-            pb = {"tokens": arrays["tokens"], "mask": arrays["mask"], "turn_end": turn_end,
-                  "turn_mask": turn_inputs["turn_mask"], "outcome": rounds[0].scores.astype(np.float32)}
-            c = np.asarray(_contributions(self.progress.graphdef, self.progress.state.params, self.progress.frozen,
-                                          *(pb[x] for x in ("tokens", "mask", "turn_end", "turn_mask"))))
-            step.inputs["progress"] = c
-            self._progress_batch = pb
-            tm = pb["turn_mask"]
-            step.metrics.update({"progress/contribution_mean": float(c[tm].mean()) if tm.any() else 0.0,
-                                 "progress/sum_error_mean": float(np.mean(np.abs(c.sum(1) - pb["outcome"])))})
-        self._corrections(step)
+                         keys=[f"{self.spec.name}:seed {s}" for s in ep.seeds],
+                         extra={**turn_inputs, "turn_end": turn_end, "episodes": ep})
         step.metrics.update(ep.metrics())
         return step
 
-    def update(self, step: StepBatch, k_mb: jax.Array) -> tuple[list, list, int]:
-        """The policy's (and critic's) update, then the progress estimator's on the same episodes
-        (epochs x mini-batches of the recipe, shuffled with its own stream of the key)."""
-        out = super().update(step, k_mb)
-        self._progress_metrics = []
-        if self.progress is not None:
-            from jaxrl_llm.training.rl import minibatches
-
-            rec, p = self.recipe, self.progress
-            key = jax.random.fold_in(k_mb, 1 << 21)
-            ms = []
-            for epoch in range(rec.epochs):
-                for mb in minibatches(self._progress_batch, rec.num_minibatches, jax.random.fold_in(key, epoch)):
-                    p.state, m = p.train_step(p.state, mb, *p.frozen)
-                    ms.append(m)
-            self._progress_metrics = jax.device_get(ms)
-            self._progress_batch = None
+    def own_providers(self) -> dict:
+        """The turn-level inputs are in the batch already; ``turn_entropy`` and ``gt_logp`` are
+        computed with the sampling policy (SPA-RL's ``progress``: its loop part)."""
+        out = {name: _in_batch for name in AGENT_INPUTS}
+        out["turn_entropy"] = lambda tr, step: step.inputs.__setitem__(
+            "turn_entropy", tr._turn_entropy(step.arrays, step.extra["turn_ids"], step.extra["turn_mask"].shape[1]))
+        out["gt_logp"] = lambda tr, step: step.inputs.__setitem__(
+            "gt_logp", tr._gt_logp(step.extra["episodes"], step.extra["turn_mask"].shape[1]))
         return out
 
-    def observe(self, step: StepBatch, rounds: list) -> None:
+    def record(self, step: StepBatch) -> None:
         """The prompt store sees each training seed of the environment as a prompt: episode
         returns as scores, policy tokens as lengths."""
         seen = self.store.lookup(step.keys)["prompt_seen"]
-        arrays, _, _ = step.rows_as_sampled()  # the episodes' rows, in the order of rounds[0].scores
-        self.store.observe(self.iteration, step.keys, rounds[0].scores, arrays["completion_mask"].sum(1),
+        arrays, _, _ = step.rows_as_sampled()  # the episodes' rows, in the order of the round's scores
+        self.store.observe(self.iteration, step.keys, self.current.rounds[0].scores, arrays["completion_mask"].sum(1),
                            arrays["group_ids"])
         step.metrics.update(self.store.summary())
         step.metrics["prompts/new_frac"] = float(np.mean(seen == 0))
 
-    def checkpoint_state(self) -> Any:
-        """The loop's state (:meth:`RLTrainer.checkpoint_state`) plus the progress estimator's
-        (``"progress"``) when the recipe has one."""
-        out = super().checkpoint_state()
-        if self.progress is None:
-            return out
-        if not isinstance(out, dict):
-            out = {"policy": out}
-        return {**out, "progress": self.progress.state}
-
-    def load_checkpoint_state(self, state: Any) -> None:
-        if self.progress is not None:
-            state = dict(state)
-            self.progress.state = state.pop("progress")
-            if set(state) == {"policy"} and self.critic is None and self.kl_state is None:
-                state = state["policy"]
-        super().load_checkpoint_state(state)
+    def round_metrics(self, step: StepBatch) -> dict[str, float]:
+        scores, ep = self.current.rounds[0].scores, self.current.rounds[0].roll
+        pol = np.array([sum(p) for p in ep.policy], np.float32)
+        return {"rewards/total/mean": float(scores.mean()), "rewards/total/std": float(scores.std()),
+                "response/length_mean": float(pol.mean()), "response/length_max": float(pol.max()),
+                "tokens_per_s": float(step.completion_mask.sum()) / max(self.timings["time/rollout"], 1e-9)}
 
     def _turn_entropy(self, arrays: dict, turn_ids: np.ndarray, k: int) -> np.ndarray:
         """``[N, K]`` mean token entropy of the sampling policy (the params before the update, at
@@ -427,22 +352,6 @@ class AgentTrainer(RLTrainer):
                 if not seen[i, j]:
                     out[i, j] = out[i, j - 1]
         return out
-
-    def log(self, step, rounds, kept, target, step_metrics, critic_metrics, empty, t) -> dict:
-        ep = rounds[0].episodes
-        metrics = self._update_metrics(step_metrics, critic_metrics)
-        pm = self._progress_metrics
-        if pm:
-            metrics.update({f"progress/{k}": float(np.mean([m[k] for m in pm])) for k in pm[0]})
-        metrics["rewards/total/mean"] = float(rounds[0].scores.mean())
-        metrics["rewards/total/std"] = float(rounds[0].scores.std())
-        metrics.update(step.metrics)
-        gen_tokens = float(step.completion_mask.sum())
-        pol = np.array([sum(p) for p in ep.policy], np.float32)
-        metrics.update({"response/length_mean": float(pol.mean()), "response/length_max": float(pol.max()),
-                        **self._advantage_metrics(step), "tokens_per_s": gen_tokens / max(t["time/rollout"], 1e-9)})
-        metrics.update(t)
-        return metrics
 
     def last_samples(self, n: int = 4) -> list[dict]:
         """Up to ``n`` transcripts of the last step's episodes (one per group first)."""

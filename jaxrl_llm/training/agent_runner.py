@@ -176,14 +176,9 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
         model_config(cfg.model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if rec.shaping or rec.group_filter.max_rounds > 1:
-        raise ConfigError(f"recipe {rec.name!r}: reward shaping and group filters are single-turn parts; the agent "
-                          f"loop does not run them")
-    for key, part in (("selector", rec.selector), ("allocator", rec.allocator), ("replay", rec.replay),
-                      ("hints", rec.hints)):
-        if part is not None:
-            raise ConfigError(f"recipe.{key}={part.name} is a single-turn loop part; the agent loop does not run it")
-    _horizon(cfg)
+    from jaxrl_llm.training.parts.registry import LoopSettings, build_parts
+
+    build_parts(LoopSettings(rec, episodes=True, horizon=_horizon(cfg), processes=jax.process_count(), models=False))
     if "greedy_scores" in rec.requires:
         raise ConfigError(f"recipe.advantage={rec.estimator.name}: a greedy-baseline estimator is not available in "
                           f"agent runs")

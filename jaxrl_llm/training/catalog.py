@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jaxrl_llm.algorithms  # noqa: F401  (every registry module is imported, so REGISTRIES is full)
+import jaxrl_llm.training.parts  # noqa: F401  (the loop parts registered by name: recipe.loop_part)
 from jaxrl_llm.algorithms.registry import REGISTRIES, Registry
 from jaxrl_llm.algorithms.estimators import AGENT_KINDS, ESTIMATORS, PROVIDED_INPUTS
 from jaxrl_llm.training.preference import PREFERENCE_RECIPES

@@ -208,6 +208,9 @@ class RecipeSpec:
         ``old_logp=recompute``).
       hints: groups the policy cannot solve sampled again with part of the reference solution in
         the prompt (``ghpo``).
+      loop_part: a further loop part by name (:mod:`jaxrl_llm.training.parts`, e.g.
+        ``variance_filter``: ReST-GRPO's set-aside of prompts without reward variance), its
+        arguments as ``recipe.loop_part.<arg>=...``; ``none``: none.
     """
 
     name: str = "grpo"
@@ -235,6 +238,7 @@ class RecipeSpec:
     allocator: Choice = dataclasses.field(default_factory=Choice)
     replay: Choice = dataclasses.field(default_factory=Choice)
     hints: Choice = dataclasses.field(default_factory=Choice)
+    loop_part: Choice = dataclasses.field(default_factory=Choice)
 
 
 @dataclasses.dataclass(frozen=True)

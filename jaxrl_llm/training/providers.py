@@ -37,7 +37,7 @@ from jaxrl_llm.parallel.multihost import gather
 from jaxrl_llm.training.objectives import critic_values, policy_logprobs
 from jaxrl_llm.training.prompt_store import STORE_INPUTS
 
-__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "AFTER_UPDATE", "provider", "policy_logp",
+__all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "spo_update", "provider", "policy_logp",
            "policy_sum_pi_squared", "policy_entropy", "policy_head_grad_norm"]
 
 #: inputs the loop has without a provider, and where they come from
@@ -68,6 +68,12 @@ class StepBatch:
       unfiltered: after a batch filter (PF-PPO's resample), ``(arrays, scores, valid)`` as they
         were before it, for the per-prompt bookkeeping (the store, trackers); else ``None``.
       totals: ``[N]`` the reward totals before shaping (what the prompt store counts a pass by).
+      origin: ``(rounds, groups, rows)``: the sampling rounds, the ``(round, group)`` of each
+        train group and its rows in its round (single-turn steps); cat: ``cat(get)`` joins
+        ``get(round)[rows]`` over the train groups (a per-row array of the rounds, in batch order).
+      kl_coef: an adaptive KL controller's coefficient for a KL in the reward (else None).
+      returns: the estimator's returns (``[N, T]``, a critic's targets) until the critic takes them.
+      extra: further per-step arrays the loop's parts share (an agent step's ``turn_end``).
     """
 
     arrays: dict[str, np.ndarray]
@@ -85,6 +91,11 @@ class StepBatch:
     keys: list[str] = dataclasses.field(default_factory=list)
     unfiltered: tuple | None = None
     totals: np.ndarray | None = None
+    origin: tuple | None = None
+    cat: Callable | None = None
+    kl_coef: Any = None
+    returns: Any = None
+    extra: dict = dataclasses.field(default_factory=dict)
 
     def rows_as_sampled(self) -> tuple[dict, np.ndarray, np.ndarray]:
         """``(arrays, scores, valid)`` of the rows as sampled (before any batch filter)."""
@@ -504,10 +515,8 @@ for _name in STORE_INPUTS:
 
 
 # ------------------------------------------------------------------------------------ trackers
-# Inputs backed by per-prompt state that the loop updates after the policy update (in the prompt
-# store, so it is checkpointed): name -> fn(trainer, step), run once per step after the update.
-AFTER_UPDATE: dict[str, Callable[[Any, StepBatch], None]] = {}
-
+# Inputs backed by per-prompt state that a loop part updates after the policy update (in the
+# prompt store, so it is checkpointed): SPO's tracker (jaxrl_llm.training.parts.spo_tracker).
 
 
 def part_args(bound) -> dict[str, Any]:
@@ -534,7 +543,7 @@ def _spo_value(tr, step: StepBatch) -> None:
     step.metrics["tracker/value_mean"] = float(p.mean()) if p.size else 0.0
 
 
-def _spo_update(tr, step: StepBatch) -> None:
+def spo_update(tr, step: StepBatch) -> None:
     """SPO's tracker after the actor update, once per prompt visit: the forgetting factor from the
     updated policy's change on the prompt's stored response (or a constant), then ``alpha <- rho
     alpha + sum r``, ``beta <- rho beta + sum (1 - r)`` over the prompt's valid rows (one row with
@@ -595,5 +604,3 @@ def _spo_update(tr, step: StepBatch) -> None:
     step.metrics["tracker/rho_mean"] = float(rho.mean()) if rho.size else 0.0
     step.metrics["tracker/prompts"] = float(len(slot))
 
-
-AFTER_UPDATE["spo_value"] = _spo_update

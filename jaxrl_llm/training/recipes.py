@@ -120,6 +120,7 @@ class RLRecipe:
     allocator: Bound | None = None
     replay: Bound | None = None
     hints: Bound | None = None
+    loop_part: Bound | None = None
 
     def __post_init__(self):
         def need(ok, field, msg):
@@ -187,7 +188,7 @@ def _spec(name: str, advantage: str, loss: Choice, agg: str, **kw: Any) -> Recip
                 group_filter=Choice("none"), batch_filter=Choice("none"), old_logp="sampler", epochs=1,
                 num_minibatches=1, value_clip=0.5, critic_warmup=0, clusterer=Choice("answer"),
                 truncation=Choice("none"), selector=Choice("none"), allocator=Choice("none"),
-                replay=Choice("none"), hints=Choice("none"))
+                replay=Choice("none"), hints=Choice("none"), loop_part=Choice("none"))
     return RecipeSpec(name=name, advantage=Choice(advantage), loss=loss, agg=agg, **{**base, **kw})
 
 
@@ -485,6 +486,9 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     allocator = _optional(ALLOCATORS, s.allocator, "recipe.allocator")
     replay = _optional(REPLAYS, s.replay, "recipe.replay")
     hints = _optional(HINTS, s.hints, "recipe.hints")
+    from jaxrl_llm.training.parts.options import loop_part_options
+
+    loop_part = _optional(loop_part_options(), s.loop_part, "recipe.loop_part")
     _need(hints is None or (replay is None and allocator is None),
           f"recipe.hints={hints.name if hints else ''} re-samples whole groups of num_samples rows; it cannot be "
           f"combined with recipe.replay or recipe.allocator")
@@ -516,7 +520,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
                         critic_warmup=s.critic_warmup, shaping=shaping, group_filter=group_filter, batch_filter=bf,
                         is_correction=is_w, rejection=rej, paper=paper, spec=s, clusterer=clusterer,
                         truncation=truncation, selector=selector, allocator=allocator,
-                        replay=replay, hints=hints)
+                        replay=replay, hints=hints, loop_part=loop_part)
     except ValueError as e:
         raise RegistryError(str(e).replace("RLRecipe.", "recipe.")) from None
 

@@ -128,8 +128,10 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe
     if (cfg.train.routing_replay or moe) and want is None:
         return None, ("a mixture of experts: each row's own forward pass replays or compares the sampler's routes "
                       "and computes the routers' statistics")
-    clash = [k for k, part in (("recipe.allocator", rec.allocator), ("recipe.batch_filter", rec.batch_filter),
-                               ("recipe.hints", rec.hints)) if part is not None]
+    from jaxrl_llm.training.parts.shared_prefix import SharedPrefix
+
+    on = {p.key for p in loop_parts(cfg, rec)}  # what the shared-prefix part declares it cannot run with
+    clash = [c.other for c in SharedPrefix.conflicts if c.other in on]
     ppm = cfg.rollout.prompts_per_step * max(1, len(cfg.data.budgets))  # prompt groups per step
     if clash:
         why = f"{', '.join(clash)} gives the rows of a prompt group different prompts or counts"
@@ -378,6 +380,18 @@ def _check_mesh(cfg: RLRunConfig, rec: RLRecipe, model_cfg, n_devices: int) -> N
                 raise ConfigError(f"mesh.tensor={m.tensor} must divide model {name}={v}")
 
 
+def loop_parts(cfg: RLRunConfig, rec: RLRecipe, prefix=None):
+    """The run's loop parts at config time (no models yet), validated from their declarations:
+    a missing need or a conflict is a one-line :class:`~jaxrl_llm.config.ConfigError`."""
+    from jaxrl_llm.training.parts.registry import LoopSettings, build_parts
+
+    ro = cfg.rollout
+    return build_parts(LoopSettings(rec, candidates=ro.candidates, staleness=ro.staleness,
+                                    asynchronous=bool(ro.asynchronous), sampler_dtype=ro.sampler_dtype,
+                                    tree=ro.tree_segment, shared_prefix=prefix,
+                                    processes=jax.process_count(), models=False))
+
+
 def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     """Validate ``cfg`` without loading weights or data; returns a summary (parameter count,
     rows per step, mesh, the resolved recipe). Raises :class:`~jaxrl_llm.config.ConfigError`
@@ -393,29 +407,13 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
         raise ConfigError(str(e)) from None
     rec = rl_recipe(cfg)
     ro = cfg.rollout
-    if rec.selector is not None and ro.candidates < 2:
-        raise ConfigError(f"recipe.selector={rec.selector.name} chooses among candidate prompts: set "
-                          f"rollout.candidates >= 2 (candidates drawn per trained prompt)")
-    if rec.selector is None and ro.candidates > 1:
-        raise ConfigError(f"rollout.candidates={ro.candidates} draws candidate prompts for a selector, but the recipe "
-                          f"has none (set recipe.selector, or rollout.candidates=1)")
     from jaxrl_llm.rollout.sampling import WEIGHT_DTYPES
 
     if ro.sampler_dtype is not None and ro.sampler_dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype!r}: must be one of {WEIGHT_DTYPES} or unset")
-    if ro.sampler_dtype is not None and ro.tree_segment is not None:
-        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} is not supported with rollout.tree_segment "
-                          "(the segment-tree sampler decodes with the model's own weights)")
     if ro.shared_prompt_kv and ro.tree_segment is not None:
         raise ConfigError("rollout.shared_prompt_kv=true is not supported with rollout.tree_segment (the segment-tree "
                           "sampler copies the prompt's cache into its branches); unset one of them")
-    if ro.sampler_dtype is not None and not rec.recompute_old_logp:
-        raise ConfigError(f"rollout.sampler_dtype={ro.sampler_dtype} samples with cast weights: set "
-                          f"recipe.old_logp=recompute (the ratio's old policy is then the training weights', and the "
-                          f"sampler's log-probs feed the mismatch metrics and recipe.is_weights)")
-    if ro.staleness and not rec.recompute_old_logp:
-        raise ConfigError(f"rollout.staleness={ro.staleness} samples with an older policy: set "
-                          f"recipe.old_logp=recompute (its log-probs become the behaviour policy's for the correction)")
     hbpo = [f"recipe.{k}" for k, p in (("advantage", rec.estimator), *(("shaping", x) for x in rec.shaping))
             if p.name == "hbpo"]
     for key in hbpo:
@@ -431,11 +429,6 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
         raise ConfigError(f"recipe.advantage={rec.estimator.name} reads an auxiliary policy (a DPO-trained model): set "
                           f"model.aux_params=<a parameter directory, e.g. a preference run's final_params>")
     m_ = cfg.mesh
-    if ro.asynchronous and (rec.selector is not None or rec.allocator is not None):
-        part = f"recipe.selector={rec.selector.name}" if rec.selector is not None else \
-            f"recipe.allocator={rec.allocator.name}"
-        raise ConfigError(f"rollout.asynchronous=true samples the next step before this one is observed; {part} reads "
-                          f"the prompt statistics of the step still being trained (run it synchronously)")
     if n_devices is not None and ro.sampler_devices:
         if ro.sampler_devices >= n_devices:
             raise ConfigError(f"rollout.sampler_devices={ro.sampler_devices} leaves none of the {n_devices} devices to "
@@ -445,6 +438,7 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     _check_moe(cfg, rec, model_cfg)
     _check_long(cfg, rec, model_cfg)
     prefix, prefix_off = shared_prefix_plan(cfg, rec, m_.batch_ways, model_cfg.is_moe)
+    loop_parts(cfg, rec, prefix)
     abstract = nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0)))
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget

@@ -19,7 +19,7 @@ def test_advantage_metrics_by_hand():
     cmask = np.zeros((4, 5), bool)
     cmask[0, :3] = cmask[1, :2] = cmask[2, :4] = True
     step = SimpleNamespace(arrays={"advantages": adv}, prompt_len=2, completion_mask=cmask)
-    m = RLTrainer._advantage_metrics(step)
+    m = RLTrainer.advantage_metrics(step)
     assert m["response/length_mean_neg_adv"] == 3.0
     assert m["response/length_mean_pos_adv"] == 2.0
     assert m["advantages/zero_frac"] == pytest.approx(1 / 3)
@@ -29,6 +29,6 @@ def test_advantage_metrics_by_hand():
 def test_advantage_metrics_leave_out_an_empty_side():
     adv = np.ones((2, 4), np.float32)
     cmask = np.ones((2, 3), bool)
-    m = RLTrainer._advantage_metrics(SimpleNamespace(arrays={"advantages": adv}, prompt_len=2, completion_mask=cmask))
+    m = RLTrainer.advantage_metrics(SimpleNamespace(arrays={"advantages": adv}, prompt_len=2, completion_mask=cmask))
     assert "response/length_mean_neg_adv" not in m and m["response/length_mean_pos_adv"] == 3.0
     assert m["advantages/zero_frac"] == 0.0

@@ -62,7 +62,7 @@ def spec(env=Echo):
 _CACHE: dict = {}
 
 
-def make(name="grpo", env=Echo, g=4, **fields):
+def make(name="grpo", env=Echo, g=4, horizon=None, **fields):
     model = Transformer(preset("tiny", vocab_size=TOK.vocab_size, hidden_size=32, num_layers=2), rngs=nnx.Rngs(0))
     gd, params = nnx.split(model)
     rec = recipe(name, num_samples=g, **fields)
@@ -87,7 +87,8 @@ def make(name="grpo", env=Echo, g=4, **fields):
 
         progress = Critic.create(model.cfg, optax.adam(1e-2), ProgressObjective(), policy_params=params, seed=1)
     return AgentTrainer(gd, init_train_state(params, opt, seed=0), _CACHE[key], _CACHE[skey], SeedStream(spec(env), 2),
-                        spec(env), fmt, rec, TOK, seed=1, episode_buckets=(32, 64), critic=critic, progress=progress)
+                        spec(env), fmt, rec, TOK, seed=1, episode_buckets=(32, 64), critic=critic, progress=progress,
+                        horizon=horizon)
 
 
 def test_episodes_train_on_policy_tokens_only_with_the_sampler_logprobs():

@@ -87,7 +87,7 @@ def test_run_config_checks_name_the_field(tmp_path):
     for overrides, msg in ((["rollout.sampler_dtype=bf16"], "rollout.sampler_dtype='bf16'"),
                            (["rollout.sampler_dtype=bfloat16"], "recipe.old_logp=recompute"),
                            (["rollout.sampler_dtype=bfloat16", "recipe.old_logp=recompute", "rollout.tree_segment=2"],
-                            "not supported with rollout.tree_segment")):
+                            "rollout.tree_segment=2 cannot be combined with rollout.sampler_dtype=bfloat16")):
         with pytest.raises(ConfigError, match=msg):
             check_rl(apply_overrides(cfg, overrides))
     check_rl(apply_overrides(cfg, ["rollout.sampler_dtype=bfloat16", "recipe.old_logp=recompute"]))

@@ -109,6 +109,99 @@ def test_state_round_trip_and_the_table():
     with pytest.raises(ValueError, match=r"holds the state of \['recipe.gone'\]"):
         Parts([b]).load_state_dict({"recipe.counter": {"seen": 1}, "recipe.gone": {"x": 1}})
     table = conflict_table([Counter, Sampler])
-    assert "| `rollout.special` | sample | old_logp=recompute (set recipe.old_logp=recompute) | - | " \
+    assert "| `rollout.special` | sample | old_logp=recompute: set recipe.old_logp=recompute | - | " \
            "`recipe.counter`: it counts rows the sampler replaces |" in table
     assert table.count("\n") == 3 and set(PHASES) >= Counter.phases
+
+
+def _bare(cls):
+    """An instance of a registered part class for validation only (its declarations)."""
+    p = object.__new__(cls)
+    p.name = "x"
+    return p
+
+
+def test_every_declared_need_and_conflict_of_the_registered_parts_is_refused_in_one_line():
+    """Generated from the declarations: for each registered part, each need left unmet and each
+    conflict present gives one line naming both keys and the reason."""
+    from jaxrl_llm.training.parts.registry import part_classes
+
+    classes = part_classes()
+    by_key = {c.key: c for c in classes}
+    checked = 0
+    for cls in classes:
+        for need in cls.requires:
+            with pytest.raises(ConfigError) as e:
+                validate([_bare(cls)], {n.what: "given" for n in cls.requires if n is not need})
+            msg = str(e.value)
+            assert "\n" not in msg and msg.startswith(_bare(cls).label) and need.fix in msg
+            checked += 1
+        full = {n.what: "given" for n in cls.requires}
+        validate([_bare(cls)], full)  # every need met, no other part: accepted
+        for clash in cls.conflicts:
+            other = by_key.get(clash.other)
+            parts, caps = [_bare(cls)], dict(full)
+            if other is not None:
+                parts.append(_bare(other))
+                caps.update({n.what: "given" for n in other.requires})
+            else:  # a capability of the run (an agent run's episodes)
+                caps[clash.other] = "an agent run"
+            with pytest.raises(ConfigError) as e:
+                validate(parts, caps)
+            msg = str(e.value)
+            assert "\n" not in msg and clash.why in msg and "cannot be combined with" in msg
+            checked += 1
+    assert checked >= 30
+
+
+def test_the_guide_holds_the_generated_table():
+    from pathlib import Path
+
+    from jaxrl_llm.training.parts.table import table, with_table
+
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    assert with_table(guide) == guide, "run: python -m jaxrl_llm.training.parts.table --write"
+    assert "| `rollout.asynchronous` | sample, update, after_update |" in table()
+
+
+def test_a_part_using_the_sampler_outside_its_phases_fails_in_a_real_step():
+    """A registered part whose observe hook reaches for the sampler: the step stops with a
+    PhaseError naming the part; one that only declares observe is never called elsewhere."""
+    from jaxrl_llm.algorithms.registry import Part
+    from jaxrl_llm.training.parts import LOOP_PARTS, loop_part
+    from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
+    from test_rl_recipes_extra import make
+
+    calls = []
+
+    @loop_part
+    class Peek(LoopPart):
+        key = "recipe.loop_part=peek"
+        phases = {"observe"}
+
+        def __init__(self, sample=False):
+            self.name, self.sample_it = "", sample
+
+        @classmethod
+        def from_run(cls, run):
+            b = run.recipe.loop_part
+            return b() if b is not None and b.part.fn is cls else None
+
+        def observe(self, ctx, step):
+            calls.append(ctx.phase)
+            if self.sample_it:
+                ctx.sample(ctx.state.params, step.prompt_ids, ctx.rollout_key(0))
+            return step
+
+    LOOP_PART_OPTIONS.register(Part("peek", Peek))
+    try:
+        tr = make("grpo", g=4, loop_part="peek")
+        tr.step()
+        assert calls == ["observe"]
+        tr = make("grpo", g=4, loop_part={"name": "peek", "sample": True})
+        with pytest.raises(PhaseError, match=r"recipe.loop_part=peek used the sampler in phase 'observe'; it belongs "
+                                             r"to phase\(s\) sample, allocate, resample"):
+            tr.step()
+    finally:
+        LOOP_PARTS.remove(Peek)
+        del LOOP_PART_OPTIONS._parts["peek"]

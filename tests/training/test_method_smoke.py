@@ -45,7 +45,8 @@ def _kind(r) -> str:
     if _needs_agent(r):
         return "agent"
     if r["key"] in ("recipe.advantage", "recipe.loss", "recipe.shaping", "recipe.truncation", "recipe.is_weights",
-                    "recipe.batch_filter", "recipe.selector", "recipe.allocator", "recipe.replay", "recipe.hints"):
+                    "recipe.batch_filter", "recipe.selector", "recipe.allocator", "recipe.replay", "recipe.hints",
+                    "recipe.loop_part"):
         return "rl"
     if r["key"] == "env.horizon":
         return "agent"
@@ -114,8 +115,7 @@ def _agent(r):
         from jaxrl_llm.algorithms import HORIZONS
         from jaxrl_llm.algorithms.registry import Bound
 
-        tr = make_agent()
-        tr.horizon = Bound.of(HORIZONS[r["name"]], REQUIRED.get((r["key"], r["name"]), {}))
+        tr = make_agent(horizon=Bound.of(HORIZONS[r["name"]], REQUIRED.get((r["key"], r["name"]), {})))
         return [tr.step() for _ in range(2)]
     req = ESTIMATORS[r["name"]].requires
     critic = "values" in req or "progress" in req

@@ -537,7 +537,7 @@ def test_adaptive_kl_controller_moves_the_coefficient_and_is_checkpointed(tmp_pa
     tr = make("grpo", **kw)
     coefs = []
     for _ in range(3):
-        before = float(tr.kl_state.coef)
+        before = float(tr.parts.get("recipe.kl.controller").state.coef)
         m = tr.step()
         coefs.append(m["kl/coef"])
         err = np.clip(m["policy/kl_ref"] / 1e-4 - 1, -0.2, 0.2)
@@ -549,7 +549,7 @@ def test_adaptive_kl_controller_moves_the_coefficient_and_is_checkpointed(tmp_pa
     tr.checkpointer.wait()
     fresh = make("grpo", **kw)
     fresh.checkpointer = Checkpointer(tmp_path, keep_last=1)
-    assert fresh.restore() and float(fresh.kl_state.coef) == pytest.approx(coefs[-1])
+    assert fresh.restore() and float(fresh.parts.get("recipe.kl.controller").state.coef) == pytest.approx(coefs[-1])
     # the same controller on a KL in the reward (REINFORCE++): the coefficient is an argument of the estimate
     rp = make("reinforce_pp", g=1, ref=True, prompts_per_step=8, kl={"coef": 0.05, "controller": "adaptive"})
     m1, m2 = rp.step(), rp.step()

@@ -26,8 +26,7 @@ def test_horizon_in_the_agent_loop_caps_the_episodes():
     from jaxrl_llm.algorithms.registry import Bound
     from test_agent_loop import make
 
-    tr = make()  # Echo: 3 turns per episode
-    tr.horizon = Bound.of(HORIZONS["scaling_inter"], {"stages": [1, 2], "every": 1})
+    tr = make(horizon=Bound.of(HORIZONS["scaling_inter"], {"stages": [1, 2], "every": 1}))  # Echo: 3 turns per episode
     turns = []
     for _ in range(3):
         m = tr.step()
@@ -44,5 +43,5 @@ def test_horizon_config_errors():
     with pytest.raises(ConfigError, match="turn cap of 0"):
         check_agent(apply_overrides(cfg, ["env.horizon=scaling_inter", "env.horizon.stages=[0,4]",
                                           "env.horizon.every=10"]))
-    with pytest.raises(ConfigError, match="recipe.replay=arpo is a single-turn loop part"):
+    with pytest.raises(ConfigError, match="recipe.replay=arpo cannot be combined with an agent run"):
         check_agent(apply_overrides(cfg, ["recipe.replay=arpo", "recipe.old_logp=recompute"]))

@@ -247,14 +247,14 @@ def test_pcl_in_the_loop_selects_by_the_value_model_fits_it_and_resumes(tmp_path
     for it in range(3):
         cand_keys = [f"toy:{(4 * it + j) % len(ROWS)}" for j in range(4)]
         cand_ids = [list(ROWS[(4 * it + j) % len(ROWS)][0]) for j in range(4)]
-        pred = tr._prompt_values(cand_ids)
+        pred = tr.parts.provider("prompt_value").predict(cand_ids)
         want = [cand_keys[i] for i in np.argsort(np.abs(pred - 0.5), kind="stable")[:2]]
         m = tr.step()
         assert tr._last_keys == want
         b = tr.last_batch
         target = np.array([b["scores"][b["group_ids"] == k].mean() for k in range(2)])
         ids = [cand_ids[cand_keys.index(k)] for k in want]
-        before, after = pred[[cand_keys.index(k) for k in want]], tr._prompt_values(ids)
+        before, after = pred[[cand_keys.index(k) for k in want]], tr.parts.provider("prompt_value").predict(ids)
         assert m["pcl/abs_error"] == pytest.approx(np.abs(before - target).mean(), rel=1e-4, abs=1e-6)
         # the fit's loss is 0.5 (V - mean reward)^2 at the last prompt token, averaged over the prompts
         assert m["pcl/value_loss"] == pytest.approx(0.5 * np.mean((before - target) ** 2), rel=1e-3, abs=1e-7)
@@ -269,6 +269,6 @@ def test_pcl_in_the_loop_selects_by_the_value_model_fits_it_and_resumes(tmp_path
     assert resumed.restore()
     resumed.run(3)
     assert resumed._last_keys == straight._last_keys and resumed.history[-1]["loss"] == straight.history[-1]["loss"]
-    np.testing.assert_array_equal(resumed._prompt_values([[1, 2]]), straight._prompt_values([[1, 2]]))
+    np.testing.assert_array_equal(resumed.parts.provider("prompt_value").predict([[1, 2]]), straight.parts.provider("prompt_value").predict([[1, 2]]))
     with pytest.raises(ValueError, match="prompt value model"):
         make("grpo", g=4, prompts_per_step=2, rows=ROWS, candidates=2, selector={"name": "pcl"})

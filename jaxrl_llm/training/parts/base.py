@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 
 from jaxrl_llm.config import ConfigError
 
-__all__ = ["PHASES", "Need", "Clash", "LoopPart", "PhaseError", "Parts", "only_in", "validate", "conflict_table"]
+__all__ = ["PHASES", "Need", "Clash", "LoopPart", "PhaseError", "Parts", "only_in", "validate", "conflict_table",
+           "LOOP_PARTS", "loop_part"]
 
 #: the loop's phases, in the order a step runs them
 PHASES: tuple[str, ...] = (
@@ -98,8 +99,36 @@ class LoopPart:
         if missing:
             raise TypeError(f"{cls.__name__} declares phases {missing} but defines no method for them")
 
+    #: step inputs the part reads that the loop only keeps on request (``"rollout_logp"``: the
+    #: sampler's log-probs kept beside recomputed ones)
+    reads: ClassVar[frozenset[str]] = frozenset()
+    #: the part's arrays' key in the checkpoint's train state (``"critic"``); "" without arrays
+    array_key: ClassVar[str] = ""
+    #: the trainer argument that carries the part's model (``"critic"``, ``"prompt_value"``): an
+    #: object given for it without the part is refused
+    model_arg: ClassVar[str] = ""
+    #: the part keeps per-prompt state in the prompt store (a checkpoint without the store cannot
+    #: resume it)
+    keeps_prompt_state: bool = False
+    #: at most this many sampling rounds per step (a group filter's rounds); the loop runs the
+    #: largest any part allows
+    max_rounds: int = 1
+
     #: the part's name within its key (``recipe.selector=<name>``); "" for a plain setting
     name: str = ""
+
+    @classmethod
+    def from_run(cls, run: Any) -> "LoopPart | None":
+        """The part for a run's settings (:class:`~jaxrl_llm.training.parts.registry.LoopSettings`),
+        or None when the run does not use it."""
+        return None
+
+    def attach(self, ctx: Any) -> None:
+        """Called once by the trainer ``ctx`` when it is built (fetch the models it holds, check
+        them, make state slots)."""
+
+    def restored(self, ctx: Any) -> None:
+        """Called after the trainer ``ctx`` restored a checkpoint (drop work in flight)."""
 
     @property
     def label(self) -> str:
@@ -146,6 +175,33 @@ class Parts:
     def get(self, key: str) -> LoopPart | None:
         return next((p for p in self.parts if p.key == key), None)
 
+    def provider(self, capability: str) -> LoopPart | None:
+        """The part that provides ``capability`` (None: no part does)."""
+        return next((p for p in self.parts if capability in p.provides), None)
+
+    @property
+    def reads(self) -> frozenset[str]:
+        return frozenset().union(*(p.reads for p in self.parts))
+
+    @property
+    def max_rounds(self) -> int:
+        return max((p.max_rounds for p in self.parts), default=1)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.parts:
+            out.update(p.metrics())
+        return out
+
+    def arrays(self) -> dict[str, Any]:
+        """The parts' array state by :attr:`LoopPart.array_key` (the checkpoint's train state)."""
+        return {p.array_key: p.arrays() for p in self.parts if p.array_key}
+
+    def load_arrays(self, arrays: Mapping[str, Any]) -> None:
+        for p in self.parts:
+            if p.array_key:
+                p.load_arrays(arrays[p.array_key])
+
     def in_phase(self, phase: str) -> tuple[LoopPart, ...]:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
@@ -171,6 +227,22 @@ class Parts:
         unknown = sorted(set(state) - {p.key for p in self.parts})
         if unknown:
             raise ValueError(f"the checkpoint holds the state of {unknown}, which this run does not have")
+
+
+#: the loop parts, in the order they run within a phase (:func:`loop_part` adds one)
+LOOP_PARTS: list[type[LoopPart]] = []
+
+
+def loop_part(cls: type[LoopPart]) -> type[LoopPart]:
+    """Register a loop part class (a decorator): the trainer builds it from the run's settings
+    with :meth:`LoopPart.from_run`. A part registered under a key already taken replaces nothing:
+    it is an error."""
+    if not cls.key:
+        raise TypeError(f"{cls.__name__} has no key (the config key that turns it on)")
+    if any(c.key == cls.key and c.__qualname__ != cls.__qualname__ for c in LOOP_PARTS):
+        raise ValueError(f"loop part key {cls.key!r} is registered twice")
+    LOOP_PARTS[:] = [c for c in LOOP_PARTS if c.key != cls.key] + [cls]
+    return cls
 
 
 def only_in(ctx: Any, service: str, *phases: str) -> None:
@@ -214,8 +286,8 @@ def conflict_table(classes: Iterable[type[LoopPart]]) -> str:
     cannot be combined with), for the guide."""
     rows = ["| part | phases | requires | provides | cannot be combined with |", "|---|---|---|---|---|"]
     for cls in classes:
-        phases = ", ".join(p for p in PHASES if p in cls.phases)
-        req = "; ".join(f"{n.what} ({n.fix})" for n in cls.requires) or "-"
+        phases = ", ".join(p for p in PHASES if p in cls.phases) or "-"
+        req = "; ".join(f"{n.what}: {n.fix}" for n in cls.requires) or "-"
         prov = ", ".join(sorted(cls.provides)) or "-"
         clash = "; ".join(f"`{c.other}`: {c.why}" for c in cls.conflicts) or "-"
         rows.append(f"| `{cls.key}` | {phases} | {req} | {prov} | {clash} |")
