@@ -1,14 +1,20 @@
 """The RL loop with environments: :class:`AgentTrainer`.
 
-Same phases as :class:`~jaxrl_llm.training.loop.RLTrainer` (it is one), with ``collect`` playing
-episodes instead of sampling completions::
+The phases and loop parts of :class:`~jaxrl_llm.training.loop.RLTrainer` (it is one), with the
+round's rows being episodes instead of single-turn completions; it overrides only what is about
+rows::
 
-    collect   # G episodes of each of B environment seeds, multi-turn, KV cache carried across turns
-              #   (jaxrl_llm.agents.rollout.rollout_episodes); scores = episode returns
-    assemble  # train arrays: first prompt + the episode's context tokens, observation tokens in
-              #   the attention mask but not in the loss; the turn-level inputs (turn rewards,
-              #   turn ids, anchor-state ids) for estimators that require them; providers as usual
-    estimate, update, log   # unchanged (log adds the per-turn telemetry)
+    play         # G episodes of each of B environment seeds, multi-turn, KV cache carried across
+                 #   turns (jaxrl_llm.agents.rollout.rollout_episodes); scores = episode returns
+    build_batch  # train arrays: first prompt + the episode's context tokens, observation tokens in
+                 #   the attention mask but not in the loss; the turn-level inputs (turn rewards,
+                 #   turn ids, anchor-state ids) for estimators that require them
+    own_providers, record, round_metrics   # turn entropies and gold-answer log-probs; the prompt
+                 #   store keyed by environment seed; the episodes' metrics
+
+Parts that act on single-turn completions (selectors, allocators, hints, replay, shaping, group
+filters, truncation, staleness, the tree sampler, SPO's tracker) declare that they cannot run on
+episodes and are refused in one line.
 
 Rows are prompt-major as in the single-turn loop: the ``G`` episodes of one seed form a group
 (same first observation, independent samples), so every group-relative estimator applies to
@@ -16,8 +22,9 @@ episode returns unchanged.
 
 **SPA-RL.** A recipe whose estimator reads ``progress`` (``recipe.advantage=spa``) needs a
 progress estimator (``progress=``, a :class:`~jaxrl_llm.training.Critic` whose train step runs
-:class:`~jaxrl_llm.training.ProgressObjective`): ``assemble`` scores each turn with it (the
-model before this step's update), ``update`` then fits it on the same batch (epochs x
+:class:`~jaxrl_llm.training.ProgressObjective`); its loop part
+(:mod:`jaxrl_llm.training.parts.progress`) scores each turn with it in the assemble phase (the
+model before this step's update), fits it after the update on the same batch (epochs x
 mini-batches as the policy's, its own shuffling key), and it is checkpointed with the rest.
 
 **Resume.** Episodes never span iterations: a checkpoint is written between iterations, when

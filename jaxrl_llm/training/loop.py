@@ -195,7 +195,7 @@ class RLTrainer(LoopServices):
         self.sampler, self.rewards, self.recipe, self.tokenizer = sampler, rewards, recipe, tokenizer
         self.baseline_sampler = greedy_baseline(recipe, sampler, baseline_sampler)
         self.ref_params, self.aux_params, self.critic, self.progress = ref_params, aux_params, critic, progress
-        self.prompt_encoder, self.horizon = prompt_encoder, horizon
+        self.prompt_encoder = prompt_encoder
         self.prefix_plan, self.logprob_packing = shared_prefix, logprob_packing
         self.aux_samplers: dict = {}  # samplers of providers (Monte-Carlo continuations), built on first use
         # per-prompt statistics, and the per-prompt state of parts in its slots; checkpointed
@@ -302,10 +302,8 @@ class RLTrainer(LoopServices):
             a["old_logp"] = np.where(a["loss_mask"], np.asarray(lp), 0.0).astype(np.float32)
         step = self.parts("assemble", self, step)
         providers = {**PROVIDERS, **self.own_providers()}
-        self.phase = "assemble"
         for name in sorted(rec.requires - set(INTRINSIC)):
             providers[name](self, step)
-        self.phase = None
         apply_corrections(rec, step)
         return step
 

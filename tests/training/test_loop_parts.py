@@ -205,3 +205,17 @@ def test_a_part_using_the_sampler_outside_its_phases_fails_in_a_real_step():
     finally:
         LOOP_PARTS.remove(Peek)
         del LOOP_PART_OPTIONS._parts["peek"]
+
+
+def test_a_model_given_to_a_run_without_its_part_is_refused():
+    from jaxrl_llm.training import recipe
+    from jaxrl_llm.training.parts.registry import LoopSettings, build_parts
+
+    rec = recipe("grpo", num_samples=4)
+    with pytest.raises(ConfigError, match=r"^critic given but recipe 'grpo' \(estimator 'grpo'\) uses no critic$"):
+        build_parts(LoopSettings(rec, critic=object()))
+    with pytest.raises(ConfigError, match="prompt_value given but the recipe's selector reads no prompt value model"):
+        build_parts(LoopSettings(rec, prompt_value=object()))
+    with pytest.raises(ConfigError, match=r"^recipe\.critic needs|^recipe 'ppo' estimates advantages from a critic"):
+        build_parts(LoopSettings(recipe("ppo", num_samples=4)))
+    build_parts(LoopSettings(recipe("ppo", num_samples=4), models=False))  # config time: models not built yet

@@ -107,6 +107,8 @@ class LoopPart:
     #: the trainer argument that carries the part's model (``"critic"``, ``"prompt_value"``): an
     #: object given for it without the part is refused
     model_arg: ClassVar[str] = ""
+    #: the error when that model is given but the run has no use for it (``{recipe}``: the recipe)
+    model_unused: ClassVar[str] = ""
     #: the part keeps per-prompt state in the prompt store (a checkpoint without the store cannot
     #: resume it)
     keeps_prompt_state: bool = False

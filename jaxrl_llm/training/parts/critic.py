@@ -22,6 +22,7 @@ class CriticPart(LoopPart):
     phases = frozenset({"estimate", "update"})
     array_key = "critic"
     model_arg = "critic"
+    model_unused = "critic given but recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) uses no critic"
 
     def __init__(self, critic, recipe):
         self.critic, self.recipe, self.name = critic, recipe, recipe.estimator.name

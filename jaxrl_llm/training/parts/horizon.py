@@ -24,5 +24,4 @@ class Horizon(LoopPart):
     def sample(self, ctx, rnd):
         cap = self.schedule(ctx.iteration)
         rnd.turn_cap = cap if rnd.turn_cap is None else min(rnd.turn_cap, cap)
-        ctx.timings["env/max_turns"] = float(rnd.turn_cap)
         return rnd

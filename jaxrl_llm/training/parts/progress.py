@@ -34,6 +34,8 @@ class Progress(LoopPart):
                                  "experiment"),)
     array_key = "progress"
     model_arg = "progress"
+    model_unused = ("progress estimator given but recipe {recipe.name!r} (estimator {recipe.estimator.name!r}) does "
+                    "not read progress")
 
     def __init__(self, model, recipe):
         self.model, self.recipe, self.name = model, recipe, recipe.estimator.name

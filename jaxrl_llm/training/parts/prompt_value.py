@@ -22,6 +22,7 @@ class PromptValue(LoopPart):
     provides = frozenset({"prompt_value"})
     array_key = "prompt_value"
     model_arg = "prompt_value"
+    model_unused = "prompt_value given but the recipe's selector reads no prompt value model"
 
     def __init__(self, model, selector_name: str):
         self.model, self.name = model, f"for recipe.selector={selector_name}"

@@ -49,8 +49,8 @@ def capabilities(run: LoopSettings) -> dict[str, str]:
         caps["one_process"] = "one process"
     if run.prompt_encoder is not None or not run.models:
         caps["prompt_encoder"] = "the data pipeline's prompt encoder"
-    caps["episodes" if run.episodes else "completions"] = \
-        "an agent run (multi-turn episodes)" if run.episodes else "single-turn completions"
+    if run.episodes:
+        caps["episodes"] = "an agent run (multi-turn episodes)"
     return caps
 
 
@@ -70,6 +70,10 @@ def build_parts(run: LoopSettings) -> Parts:
         for cls in part_classes():
             arg = cls.model_arg
             if arg and arg not in claimed and getattr(run, arg, None) is not None:
-                raise ConfigError(f"{arg} given but no part of this run reads it ({cls.key} is off for recipe "
-                                  f"{run.recipe.name!r})")
+                raise ConfigError(cls.model_unused.format(recipe=run.recipe) if cls.model_unused else
+                                  f"{arg} given but no part of this run reads it")
+        bound = getattr(run.recipe, "loop_part", None)
+        if bound is not None and not any(type(p) is bound.part.fn for p in parts):
+            raise ConfigError(f"recipe.loop_part={bound.name}: its class is not a registered loop part that this run "
+                              f"builds (decorate it with @loop_part; its from_run must return it)")
     return Parts(parts, capabilities(run))

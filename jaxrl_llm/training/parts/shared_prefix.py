@@ -15,7 +15,8 @@ _WHY = "the shared-prefix update needs every prompt group's rows to share one pr
 class SharedPrefix(LoopPart):
     key = "train.shared_prefix"
     phases = frozenset({"update"})
-    conflicts = (Clash("recipe.allocator", _WHY), Clash("recipe.batch_filter", _WHY), Clash("recipe.hints", _WHY))
+    conflicts = (Clash("recipe.allocator", _WHY), Clash("recipe.batch_filter", _WHY), Clash("recipe.hints", _WHY),
+                 Clash("episodes", "an episode's rows share only its first prompt; agent runs train row by row"))
 
     def __init__(self, plan):
         self.plan, self.name = plan, "true"

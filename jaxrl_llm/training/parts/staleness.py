@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.core.policy_losses import ratio_metrics

@@ -17,7 +17,6 @@ class TreeSampling(LoopPart):
 
     key = "rollout.tree_segment"
     phases = frozenset({"score", "assemble"})
-    provides = frozenset({"tree_rows"})
     conflicts = (Clash("recipe.hints", _WHY), Clash("recipe.replay", _WHY), Clash("recipe.allocator", _WHY),
                  Clash("rollout.sampler_dtype", "the segment-tree sampler decodes with the model's own weights"),
                  Clash("episodes", "the agent loop samples episodes, not trees"))

@@ -44,7 +44,9 @@ SLOT = "variance_filter"
 class VarianceFilter(LoopPart):
     key = "recipe.loop_part=variance_filter"
     phases = frozenset({"select", "observe"})
+    keeps_prompt_state = True
     conflicts = (Clash("recipe.selector", "both choose the step's prompts (a selector among candidates)"),
+                 Clash("rollout.asynchronous", "the next step's prompts are drawn before this step sets any aside"),
                  Clash("episodes", "it filters data prompts; the agent loop draws environment seeds"))
 
     def __init__(self, *, min_std: float = 0.05, cooldown: int = 50, max_draws: int = 4):
