@@ -14,6 +14,10 @@ SmolLM2-135M-Instruct (float32; bfloat16 on both sides; ours float32 weights dec
 in bfloat16). ``--distinct`` (default on) adds batches of 8 and 32 distinct prompts, greedy, one completion
 each. ``--unroll true|false|auto`` unrolls or scans our sampler's layers (default auto: its own rule).
 
+``--grid``: instead, distinct prompts only (greedy, one completion each) over a grid of
+random-weight Qwen2-style models of 4 layers: hidden sizes 64, 256 and 576 (SmolLM2's width and
+heads) x vocabularies 8,192 and 49,152 x batches 8 and 32 (issue 38's acceptance range).
+
 Run: ``.venv/bin/python benchmarks/rollout_vs_hf.py [--repeats 3] [--write]``.
 """
 
@@ -51,6 +55,63 @@ def qwen2_8m(tmp: Path):
     m = AutoModelForCausalLM.from_config(cfg).float().eval()
     m.save_pretrained(str(tmp))
     return m, cfg
+
+
+#: --grid models: hidden -> (heads, kv heads, head_dim, intermediate); 576 is SmolLM2-135M's layout
+GRID_WIDTHS = {64: (4, 2, 16, 192), 256: (8, 2, 32, 768), 576: (9, 3, 64, 1536)}
+GRID_VOCABS = (8192, 49152)
+
+
+def qwen2_grid(tmp: Path, hidden: int, vocab: int):
+    """A 4-layer random Qwen2-style model of the grid, saved for both sides."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    heads, kv, head_dim, inter = GRID_WIDTHS[hidden]
+    cfg = AutoConfig.for_model("qwen2", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=4,
+                               num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                               intermediate_size=inter, tie_word_embeddings=True, max_position_embeddings=512)
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(cfg).float().eval()
+    m.save_pretrained(str(tmp))
+    return m
+
+
+def grid(a, peak: float) -> None:
+    """The --grid sweep (module docstring); its own section of docs/benchmarks.md."""
+    import torch
+
+    rows_out = []
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for hidden in GRID_WIDTHS:
+            for vocab in GRID_VOCABS:
+                d = Path(tmp) / f"h{hidden}v{vocab}"
+                hf = qwen2_grid(d, hidden, vocab)
+                ours = load_hf(d)
+                total, _ = n_params(ours)
+                for batch in (8, 32):
+                    prompts = rng.integers(3, vocab, (batch, P))
+                    t_ours, first = run_ours(ours, prompts, a.repeats, 1, True, None, "auto")
+                    t_hf = run_hf(hf, prompts, a.repeats, 1, True)
+                    row = (f"| {hidden} | {vocab} | {total / 1e6:.1f}M | {batch} | {t_hf:.3f} | {t_ours:.3f} | "
+                           f"{t_hf / t_ours:.2f}x | {1e3 * t_ours / T:.2f} | {first:.1f} |")
+                    rows_out.append(row)
+                    print(row, flush=True)
+                del hf, ours
+    body = ("Decode of distinct prompts across model sizes: `jaxrl_llm.rollout.Sampler` with its defaults vs "
+            f"`transformers` `generate` (torch {torch.__version__}, 2 threads), same weights, same run. Random "
+            "Qwen2-style models of 4 layers (hidden 64: 4 heads of 16, 2 KV heads; 256: 8 of 32, 2 KV; 576: 9 of "
+            "64, 3 KV, SmolLM2's), tied embeddings, float32; B distinct 64-token prompts, one greedy completion "
+            "each, exactly 128 new tokens. Medians of "
+            f"{a.repeats} runs after a warm-up run; ms/token = our time / 128 decode steps (prefill included). "
+            f"Machine: {machine()} (float32 2048^3 matmul: {peak:.0f} GFLOP/s). "
+            f"Reproduce: `.venv/bin/python benchmarks/rollout_vs_hf.py --grid --repeats {a.repeats} --write`.\n\n"
+            "| hidden | vocab | params | batch | HF s | ours s | speed-up | ours ms/step | ours first call s |\n"
+            "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows_out))
+    print(body)
+    if a.write:
+        write_section("rollout_vs_hf (grid of distinct-prompt decodes)", body)
 
 
 def n_params(model) -> tuple[int, int]:
@@ -133,11 +194,14 @@ def main():
     ap.add_argument("--unroll", choices=("auto", "true", "false"), default="auto",
                     help="our sampler's layers: unrolled, scanned, or its own rule (auto: scanned for float32 "
                          "models above 128 MiB)")
+    ap.add_argument("--grid", action="store_true", help="the distinct-prompt grid over model sizes (docstring)")
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(2)
+    if a.grid:
+        return grid(a, matmul_gflops())
     unroll = {"auto": "auto", "true": True, "false": False}[a.unroll]
     unroll_text = {"auto": "the sampler's auto rule (scanned for float32 SmolLM2, unrolled otherwise)",
                    "true": "unrolled", "false": "scanned"}[a.unroll]
