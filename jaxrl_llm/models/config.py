@@ -555,13 +555,69 @@ def _check_exportable(cfg: ModelConfig) -> None:
         raise ValueError(f"cannot export this ModelConfig as HF {cfg.family}: " + "; ".join(bad))
 
 
+#: keys ``config.json`` must hold for :func:`load_config` to read it without ``transformers``
+#: (its classes fill absent keys with per-model defaults, which only they know)
+_PLAIN_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "rms_norm_eps", "hidden_act", "max_position_embeddings", "tie_word_embeddings",
+               "bos_token_id", "eos_token_id")
+
+
+class _PlainConfig:
+    """The attributes :func:`from_hf_config` reads, from a ``config.json`` that states them all
+    (``transformers``' own defaults where a key is absent and the default is the same for every
+    class read this way: no biases, no pad token)."""
+
+    def __init__(self, d: dict):
+        self.__dict__.update(d)
+        # PretrainedConfig: num_labels is len(id2label), two labels unless the file says otherwise
+        self.num_labels = len(d["id2label"]) if d.get("id2label") else int(d.get("num_labels", 2))
+
+    def __getattr__(self, name: str):  # only reached for keys the file does not hold
+        if name in ("attention_bias", "mlp_bias"):
+            return False
+        if name in ("pad_token_id", "head_dim", "rope_parameters", "rope_scaling", "layer_types", "sliding_window"):
+            return None
+        raise AttributeError(name)
+
+
+def _plain_config(d: dict) -> _PlainConfig | None:
+    """``d`` (a ``config.json``) as attributes when it can be read without ``transformers`` (the
+    launch then imports neither it nor torch), else None. Covered: Llama, Qwen2 and Qwen3 files
+    that state every key read, with the default rope and no sliding window; everything else
+    (Mistral, GPT-2, Gemma, Qwen3-MoE, whose class renames keys, scaled rope, sliding windows,
+    absent keys) goes through ``AutoConfig``, whose classes know their defaults and aliases."""
+    mt = d.get("model_type")
+    if mt not in ("llama", "qwen2", "qwen3") or any(k not in d for k in _PLAIN_KEYS):
+        return None
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or not (d.get("rope_theta")
+                                                                            or rope.get("rope_theta")):
+        return None
+    if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or ()) or (
+            mt == "llama" and d.get("sliding_window")):
+        return None
+    if mt == "qwen3" and "head_dim" not in d:  # Qwen3's class default is 128, not hidden / heads
+        return None
+    return _PlainConfig(d)
+
+
 def load_config(path: str | Path, **overrides) -> ModelConfig:
-    """Read ``config.json`` of a local HF model directory (no network)."""
-    from transformers import AutoConfig
+    """Read ``config.json`` of a local HF model directory (no network). A complete Llama / Qwen2 /
+    Qwen3 file is read directly (no ``transformers`` or torch import, :func:`_plain_config`); any other
+    goes through ``transformers.AutoConfig``. Both give the same :class:`ModelConfig` (tested)."""
+    import json
 
     p = Path(path)
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{p}/config.json not found: expected a local Hugging Face model directory")
+    try:
+        plain = _plain_config(json.loads((p / "config.json").read_text()))
+    except (ValueError, AttributeError):  # not a JSON object: transformers reports it
+        plain = None
+    if plain is not None:
+        return from_hf_config(plain, **overrides)
+    from transformers import AutoConfig
+
     return from_hf_config(AutoConfig.from_pretrained(str(p), local_files_only=True), **overrides)
 
 
