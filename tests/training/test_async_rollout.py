@@ -39,7 +39,8 @@ def test_async_config_errors_name_the_fields():
         check_rl(apply_overrides(cfg, ["rollout.asynchronous=true"]))
     bad = apply_overrides(cfg, ["rollout.asynchronous=true", "rollout.sampler_devices=4", "rollout.staleness=1",
                         "recipe.old_logp=recompute", "recipe.allocator=knapsack"])
-    with pytest.raises(ConfigError, match="rollout.asynchronous=true cannot be combined with recipe.allocator=knapsack: .* reads the prompt statistics"):
+    with pytest.raises(ConfigError, match="rollout.asynchronous=true cannot be combined with recipe.allocator=knapsack: "
+                                          ".* reads the prompt statistics"):
         check_rl(bad)
     ok = apply_overrides(cfg, ["rollout.asynchronous=true", "rollout.sampler_devices=4", "rollout.staleness=1",
                        "recipe.old_logp=recompute", "mesh.data=4"])

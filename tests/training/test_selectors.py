@@ -269,6 +269,7 @@ def test_pcl_in_the_loop_selects_by_the_value_model_fits_it_and_resumes(tmp_path
     assert resumed.restore()
     resumed.run(3)
     assert resumed._last_keys == straight._last_keys and resumed.history[-1]["loss"] == straight.history[-1]["loss"]
-    np.testing.assert_array_equal(resumed.parts.provider("prompt_value").predict([[1, 2]]), straight.parts.provider("prompt_value").predict([[1, 2]]))
+    np.testing.assert_array_equal(resumed.parts.provider("prompt_value").predict([[1, 2]]),
+                                  straight.parts.provider("prompt_value").predict([[1, 2]]))
     with pytest.raises(ValueError, match="prompt value model"):
         make("grpo", g=4, prompts_per_step=2, rows=ROWS, candidates=2, selector={"name": "pcl"})

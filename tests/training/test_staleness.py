@@ -56,7 +56,8 @@ def test_resume_with_stale_policies_is_bitwise(tmp_path):
     fresh = make("grpo", staleness=2, **KW)
     fresh.checkpointer = Checkpointer(tmp_path, keep_last=1)
     assert fresh.restore()
-    for a, b in zip(jax.tree.leaves(tr.parts.get("rollout.staleness").stale), jax.tree.leaves(fresh.parts.get("rollout.staleness").stale)):
+    for a, b in zip(jax.tree.leaves(tr.parts.get("rollout.staleness").stale),
+                    jax.tree.leaves(fresh.parts.get("rollout.staleness").stale)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for _ in range(2):
         m1, m2 = tr.step(), fresh.step()

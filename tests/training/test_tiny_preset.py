@@ -4,9 +4,10 @@ the accuracy target, then GRPO must improve held-out greedy accuracy.
 Deterministic on one machine for a fixed seed (bitwise-reproducible steps), so this is not a flaky
 statistical test there. The trajectory does depend on the CPU (XLA:CPU's floats follow its
 instruction set): on the Intel machine of earlier sessions seeds 0-4 gained +0.15 to +0.39
-held-out; on the AMD EPYC of 2026-11-25 seed 0 goes 0.452 -> 0.468 held-out (0.505 at step 200)
+held-out; on an AMD EPYC with AVX-512 (2026-11-29) nine of seeds 0-9 gain +0.12 to +0.36 and seed 7
++0.03 (docs/results.md); on the AMD EPYC of 2026-11-25 seed 0 goes 0.452 -> 0.468 held-out (0.505 at step 200)
 while its training reward rises from 0.367 (first 50 steps) to 0.512 (last 50). So the test asks
-for what holds on both: held-out accuracy above the SFT start and a training-reward rise of at
+for what holds on all of them: held-out accuracy above the SFT start and a training-reward rise of at
 least 0.05; it fails when a change breaks learning.
 
 It is the full preset (up to 1500 SFT steps, 300 GRPO steps: 76-105 s of a clean-clone CI run), so
