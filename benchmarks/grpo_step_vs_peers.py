@@ -190,7 +190,8 @@ def worker_ours(job: dict) -> dict:
                                          pad_token_id=tok.pad_token_id,  # no stop token: exactly T tokens
                                          shared_prompt_kv=bool(job.get("shared_prompt_kv", False)),
                                          weight_dtype="bfloat16" if bf16 else None),
-                      length_buckets=(job["prompt_bucket"],))
+                      length_buckets=(job["prompt_bucket"],),
+                      unroll_layers={"auto": "auto", "true": True, "false": False}[job.get("unroll", "auto")])
     data = prompt_dataset(ListSource([{"prompt": p} for p in prompts], "bench"), tok,
                           PromptDataConfig(batch_size=len(prompts), chat=False, shuffle=False), process_index=0,
                           process_count=1)
@@ -517,6 +518,8 @@ def main():
                          "only the projections' outputs; the peers store everything, as configured by default)")
     ap.add_argument("--shared-prompt-kv", action="store_true",
                     help="ours: rollout.shared_prompt_kv (the G rows of a prompt read its keys once while decoding)")
+    ap.add_argument("--unroll", choices=("auto", "true", "false"), default="auto",
+                    help="ours: rollout.unroll_layers (the sampler's layers unrolled, scanned, or its own rule)")
     ap.add_argument("--bf16", action="store_true",
                     help="ours: float32 training weights, the sampler decoding with them cast to bfloat16 "
                          "(rollout.sampler_dtype=bfloat16, with recipe.old_logp=recompute); TRL: bf16=True (float32 "
@@ -578,7 +581,7 @@ def main():
             micro = dict(kv.split("=") for kv in a.peer_micro_batches.split(",") if kv) if a.peer_micro_batches else (
                 {"smollm2": "4"} if a.shape == "realistic" else {})
             job = {"model_dir": str(model_dir), "peer_micro_batches": int(micro.get(name, 1)), "prompt": prompt, "prompts": prompts, "new_tokens": t_new,
-                   "beta": a.beta, "remat": a.remat, "shared_prompt_kv": a.shared_prompt_kv, "bf16": a.bf16, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
+                   "beta": a.beta, "remat": a.remat, "shared_prompt_kv": a.shared_prompt_kv, "bf16": a.bf16, "unroll": a.unroll, "shared_prefix": not a.no_shared_prefix, "warmup": a.warmup, "repeats": a.repeats,
                    "prompt_bucket": bucket(longest, (32, 64, 128, 256, 512, 1024, 2048)),
                    "check_only": a.check_only, "torch_threads": a.torch_threads,
                    "compile_cache": str(Path(tmp) / f"xla-cache-{name}")}  # ours: cold, then ours-warm reads it
