@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import machine, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONS = {"remat": ("none", "dots"), "shared_prompt_kv": (False, True), "unroll": ("auto", "true")}
 
 
 def cell(model: str, beta: float, remat: str, kv: bool, unroll: str, bf16: bool, a) -> dict:
@@ -45,13 +44,17 @@ def main():
     ap.add_argument("--bf16", action="store_true", help="also each combination with bfloat16 sampler weights")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--remat", default="none,dots", help="the model.remat values swept")
+    ap.add_argument("--kv", default="false,true", help="the rollout.shared_prompt_kv values swept")
+    ap.add_argument("--unroll", default="auto,true", help="the rollout.unroll_layers values swept")
     ap.add_argument("--write", action="store_true")
     a = ap.parse_args()
+    grid = (a.remat.split(","), [v == "true" for v in a.kv.split(",")], a.unroll.split(","))
     rows = []
     for model in a.models.split(","):
         for beta in (float(b) for b in a.betas.split(",")):
             base = None
-            for (remat, kv, unroll), bf16 in itertools.product(itertools.product(*OPTIONS.values()),
+            for (remat, kv, unroll), bf16 in itertools.product(itertools.product(*grid),
                                                               (False, True) if a.bf16 else (False,)):
                 r = cell(model, beta, remat, kv, unroll, bf16, a)
                 if "error" in r:
@@ -67,7 +70,8 @@ def main():
             "`grpo_step_vs_peers.py --impls ours --shape realistic` per cell, medians of "
             f"{a.repeats} steps after {a.warmup} warm-up step(s); speed-up against the cell with every option at "
             f"its current default (the first row of each model and beta). Machine: {machine()}. Reproduce: "
-            f"`.venv/bin/python benchmarks/auto_sweep.py --models {a.models} --betas {a.betas}"
+            f"`.venv/bin/python benchmarks/auto_sweep.py --models {a.models} --betas {a.betas} --remat {a.remat} "
+            f"--kv {a.kv} --unroll {a.unroll}"
             f"{' --bf16' if a.bf16 else ''} --repeats {a.repeats} --warmup {a.warmup} --write`.\n\n"
             "| model | beta | model.remat | shared_prompt_kv | unroll_layers | bf16 sampler | step s | vs defaults | "
             "peak RSS |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
