@@ -44,31 +44,19 @@ from jaxrl_llm.rollout import SamplingConfig, Sampler  # noqa: E402
 P, T, G = 64, 128, 8
 
 
-def qwen2_8m(tmp: Path):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model("qwen2", vocab_size=16384, hidden_size=256, num_hidden_layers=6, num_attention_heads=8,
-                               num_key_value_heads=2, head_dim=32, intermediate_size=768, tie_word_embeddings=True,
-                               max_position_embeddings=512)
-    torch.manual_seed(0)
-    m = AutoModelForCausalLM.from_config(cfg).float().eval()
-    m.save_pretrained(str(tmp))
-    return m, cfg
-
-
 #: --grid models: hidden -> (heads, kv heads, head_dim, intermediate); 576 is SmolLM2-135M's layout
 GRID_WIDTHS = {64: (4, 2, 16, 192), 256: (8, 2, 32, 768), 576: (9, 3, 64, 1536)}
 GRID_VOCABS = (8192, 49152)
 
 
-def qwen2_grid(tmp: Path, hidden: int, vocab: int):
-    """A 4-layer random Qwen2-style model of the grid, saved for both sides."""
+def qwen2_grid(tmp: Path, hidden: int, vocab: int, layers: int = 4):
+    """A random Qwen2-style model of the grid's widths, saved for both sides (``qwen2-8m``: hidden
+    256, vocabulary 16,384, 6 layers)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     heads, kv, head_dim, inter = GRID_WIDTHS[hidden]
-    cfg = AutoConfig.for_model("qwen2", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=4,
+    cfg = AutoConfig.for_model("qwen2", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
                                intermediate_size=inter, tie_word_embeddings=True, max_position_embeddings=512)
     torch.manual_seed(0)
@@ -112,6 +100,11 @@ def grid(a, peak: float) -> None:
     print(body)
     if a.write:
         write_section("rollout_vs_hf (grid of distinct-prompt decodes)", body)
+
+
+def qwen2_8m(tmp: Path):
+    """The ~8M-parameter Qwen2-style model of the benchmarks (random weights), saved; the HF model."""
+    return qwen2_grid(tmp, 256, 16384, layers=6)
 
 
 def n_params(model) -> tuple[int, int]:
@@ -212,7 +205,7 @@ def main():
         for name in a.models.split(","):
             weight_dtype = None
             if name == "qwen2-8m":
-                hf, _ = qwen2_8m(Path(tmp) / "q")
+                hf = qwen2_8m(Path(tmp) / "q")
                 ours = load_hf(Path(tmp) / "q")
             elif name in ("smollm2", "smollm2-bf16", "smollm2-bf16w"):
                 # smollm2-bf16: both sides' models in bfloat16; smollm2-bf16w: ours keeps float32 weights

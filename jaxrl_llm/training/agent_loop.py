@@ -73,6 +73,15 @@ def _in_batch(tr, step) -> None:
     """A turn-level input the episode batch holds already."""
 
 
+def _turn_entropy_input(tr, step) -> None:
+    k = step.extra["turn_mask"].shape[1]
+    step.inputs["turn_entropy"] = tr._turn_entropy(step.arrays, step.extra["turn_ids"], k)
+
+
+def _gt_logp_input(tr, step) -> None:
+    step.inputs["gt_logp"] = tr._gt_logp(step.extra["episodes"], step.extra["turn_mask"].shape[1])
+
+
 class SeedStream:
     """Batches of ``batch`` training seeds of an environment family, checkpointable.
 
@@ -280,12 +289,8 @@ class AgentTrainer(RLTrainer):
     def own_providers(self) -> dict:
         """The turn-level inputs are in the batch already; ``turn_entropy`` and ``gt_logp`` are
         computed with the sampling policy (SPA-RL's ``progress``: its loop part)."""
-        out = {name: _in_batch for name in AGENT_INPUTS}
-        out["turn_entropy"] = lambda tr, step: step.inputs.__setitem__(
-            "turn_entropy", tr._turn_entropy(step.arrays, step.extra["turn_ids"], step.extra["turn_mask"].shape[1]))
-        out["gt_logp"] = lambda tr, step: step.inputs.__setitem__(
-            "gt_logp", tr._gt_logp(step.extra["episodes"], step.extra["turn_mask"].shape[1]))
-        return out
+        return {**{name: _in_batch for name in AGENT_INPUTS}, "turn_entropy": _turn_entropy_input,
+                "gt_logp": _gt_logp_input}
 
     def record(self, step: StepBatch) -> None:
         """The prompt store sees each training seed of the environment as a prompt: episode

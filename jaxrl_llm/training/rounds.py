@@ -16,7 +16,7 @@ from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout
 
-__all__ = ["Round", "merge_reward_metrics", "take_rollout_rows", "put_result", "subset", "drop_unsampled",
+__all__ = ["Round", "merge_reward_metrics", "take_rollout_rows", "put_result", "subset", "concat", "drop_unsampled",
            "last_scores"]
 
 
@@ -134,6 +134,14 @@ def subset(batch: PromptBatch, idx) -> PromptBatch:
     return PromptBatch([batch.prompt_ids[i] for i in idx], [batch.prompts[i] for i in idx],
                        [batch.raw_prompts[i] for i in idx], {k: [v[i] for i in idx] for k, v in batch.columns.items()},
                        [batch.where[i] for i in idx])
+
+
+def concat(batches: list[PromptBatch]) -> PromptBatch:
+    """The prompts of several batches (same columns) as one batch, in order."""
+    return PromptBatch([p for b in batches for p in b.prompt_ids], [p for b in batches for p in b.prompts],
+                       [p for b in batches for p in b.raw_prompts],
+                       {k: [v for b in batches for v in b.columns[k]] for k in batches[0].columns},
+                       [w for b in batches for w in b.where])
 
 
 def drop_unsampled(batch: PromptBatch, roll: Rollout, counts: np.ndarray) -> tuple[PromptBatch, Rollout]:

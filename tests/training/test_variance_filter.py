@@ -1,6 +1,7 @@
 """ReST-GRPO's variance filter (recipe.loop_part=variance_filter, METHODS.md #194): a loop part
 added as one module and one registry entry (docs/extending.md, second walk-through)."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -47,18 +48,12 @@ def test_set_aside_and_replacement_by_hand():
     ctx.iteration = 8  # the cooldown is over: nothing set aside, the batch as drawn
     assert part.select(ctx, batch([0, 1, 2, 3])).where == ["toy:0", "toy:1", "toy:2", "toy:3"]
     ctx.iteration = 7
-    part.observe(ctx, dataclasses_replace(step, metrics={}, totals=totals + np.repeat([0.0, 5.0, 0, 0], 3)))
+    part.observe(ctx, dataclasses.replace(step, metrics={}, totals=totals + np.repeat([0.0, 5.0, 0, 0], 3)))
     assert ctx.store.slot(SLOT) == {"toy:0": 10, "toy:1": 10}  # set aside again, until 7 + 1 + 2
     with pytest.raises(ConfigError, match="min_std must be a number >= 0"):
         VarianceFilter(min_std=-1)
     with pytest.raises(ConfigError, match="cooldown must be an int >= 0"):
         VarianceFilter(cooldown=1.5)
-
-
-def dataclasses_replace(step, **kw):
-    import dataclasses
-
-    return dataclasses.replace(step, **kw)
 
 
 def test_in_the_loop_prompts_without_spread_leave_and_a_resume_is_bitwise(tmp_path):

@@ -33,7 +33,7 @@ from jaxrl_llm.config import ConfigError
 from jaxrl_llm.training.parts.base import Clash, LoopPart, loop_part
 from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
 from jaxrl_llm.training.prompt_store import prompt_keys
-from jaxrl_llm.training.rounds import subset
+from jaxrl_llm.training.rounds import concat, subset
 
 __all__ = ["VarianceFilter"]
 
@@ -81,23 +81,20 @@ class VarianceFilter(LoopPart):
         self._metrics = {"variance_filter/replaced": 0.0, "variance_filter/kept_anyway": 0.0}
         if not aside.any():
             return batch
-        chosen = list(np.flatnonzero(~aside))
-        pool, fresh = [], []  # (batch, index) of replacements, in data order
+        need = int(aside.sum())
+        batches, fresh = [batch], []  # fresh: replacements' positions in concat(batches), in data order
         for _ in range(self.max_draws):
-            if len(fresh) >= int(aside.sum()):
+            if len(fresh) >= need:
                 break
             more = next(ctx.data)
-            ok = ~self._aside(ctx, prompt_keys(more.where, more.columns))
-            pool.append(more)
-            fresh += [(len(pool) - 1, i) for i in np.flatnonzero(ok)]
-        need = int(aside.sum())
+            start = sum(len(b) for b in batches)
+            batches.append(more)
+            fresh += [start + i for i in np.flatnonzero(~self._aside(ctx, prompt_keys(more.where, more.columns)))]
         take = fresh[:need]
-        rows = [(None, int(i)) for i in chosen] + [(b, int(i)) for b, i in take]
-        rows += [(None, int(i)) for i in np.flatnonzero(aside)[:need - len(take)]]  # ran out: trained after all
+        left = list(np.flatnonzero(aside)[:need - len(take)])  # ran out of replacements: trained after all
         self._metrics = {"variance_filter/replaced": float(len(take)),
-                         "variance_filter/kept_anyway": float(need - len(take))}
-        parts = [batch] + pool
-        return _join([subset(parts[0] if b is None else parts[b + 1], [i]) for b, i in rows])
+                         "variance_filter/kept_anyway": float(len(left))}
+        return subset(concat(batches), [int(i) for i in [*np.flatnonzero(~aside), *take, *left]])
 
     def observe(self, ctx, step):
         until = ctx.store.slot(SLOT)
@@ -115,16 +112,6 @@ class VarianceFilter(LoopPart):
         step.metrics["variance_filter/set_aside"] = float(len(until))
         step.metrics["variance_filter/set_aside_now"] = float(now)
         return step
-
-
-def _join(batches):
-    """One :class:`~jaxrl_llm.data.PromptBatch` of single-prompt batches, in order."""
-    from jaxrl_llm.data.pipeline import PromptBatch
-
-    first = batches[0]
-    return PromptBatch([b.prompt_ids[0] for b in batches], [b.prompts[0] for b in batches],
-                       [b.raw_prompts[0] for b in batches],
-                       {k: [b.columns[k][0] for b in batches] for k in first.columns}, [b.where[0] for b in batches])
 
 
 LOOP_PART_OPTIONS.register(Part(
