@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cell(model: str, beta: float, remat: str, kv: bool, unroll: str, bf16: bool, a) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "grpo_step_vs_peers.py"), "--models", model, "--impls", "ours",
            "--shape", "realistic", "--beta", str(beta), "--repeats", str(a.repeats), "--warmup", str(a.warmup),
-           "--remat", remat, "--unroll", unroll] + (["--shared-prompt-kv"] if kv else []) + (["--bf16"] if bf16 else [])
+           "--remat", remat, "--unroll", unroll, "--shared-prompt-kv", str(kv).lower()] + (["--bf16"] if bf16 else [])
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}

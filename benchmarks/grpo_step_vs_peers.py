@@ -157,9 +157,23 @@ def worker_ours(job: dict) -> dict:
         from jaxrl_llm.training.host_loop import use_compile_cache
 
         use_compile_cache(job["compile_cache"])
-    model = load_hf(job["model_dir"], **({"remat": job["remat"]} if job.get("remat", "none") != "none" else {}))
-    tok = load_tokenizer(job["model_dir"])
+    from jaxrl_llm.models import load_config
+    from jaxrl_llm.training.auto import RunShape, choose
+
     prompts, t_new, beta = _shape(job)
+    bf16 = bool(job.get("bf16", False))
+    # the execution settings as a plain `jaxrl-llm train` resolves them (jaxrl_llm.training.auto); a flag wins
+    kv, unroll = job.get("shared_prompt_kv", "auto"), job.get("unroll", "auto")
+    execution = choose(load_config(job["model_dir"]),
+                       RunShape(prompts=len(prompts), num_samples=G, prompt_len=job["prompt_bucket"], new_tokens=t_new,
+                                update_rows=len(prompts) * G, update_len=job["prompt_bucket"] + t_new),
+                       remat=job.get("remat", "auto"),
+                       shared_prompt_kv=None if kv in ("auto", None) else kv in (True, "true"),
+                       unroll_layers=None if unroll == "auto" else unroll == "true",
+                       sampler_dtype="bfloat16" if bf16 else None, platform=jax.default_backend())
+    print(execution.line(), file=sys.stderr, flush=True)
+    model = load_hf(job["model_dir"], remat=execution["model.remat"])
+    tok = load_tokenizer(job["model_dir"])
     ids = tok(job["prompt"], add_special_tokens=False)["input_ids"]
     check_t0 = time.time()
     x = jax.numpy.asarray([ids], jax.numpy.int32)
@@ -173,8 +187,8 @@ def worker_ours(job: dict) -> dict:
     gd, params = nnx.split(model)
     n_params = sum(v.size for v in jax.tree.leaves(params))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0))
-    bf16 = bool(job.get("bf16", False))  # bfloat16 sampler weights: the sampler's log-probs are the cast model's,
-    extra = {"old_logp": "recompute"} if bf16 else {}  # so the ratio's old policy is recomputed (as the runner requires)
+    # bfloat16 sampler weights: the sampler's log-probs are the cast model's, so the ratio's old policy is
+    extra = {"old_logp": "recompute"} if bf16 else {}  # recomputed (as the runner requires)
     rec = recipe("grpo", num_samples=G, kl={"coef": beta}, **extra) if beta else recipe("grpo", num_samples=G, **extra)
     plan = None
     if job.get("shared_prefix", True):  # the library's default (train.shared_prefix unset): on where exact
@@ -188,10 +202,9 @@ def worker_ours(job: dict) -> dict:
     ref = jax.tree.map(lambda x: x.copy(), params) if beta else None
     sampler = Sampler(gd, SamplingConfig(max_new_tokens=t_new, num_samples=G, temperature=1.0,
                                          pad_token_id=tok.pad_token_id,  # no stop token: exactly T tokens
-                                         shared_prompt_kv=bool(job.get("shared_prompt_kv", False)),
+                                         shared_prompt_kv=execution["rollout.shared_prompt_kv"],
                                          weight_dtype="bfloat16" if bf16 else None),
-                      length_buckets=(job["prompt_bucket"],),
-                      unroll_layers={"auto": "auto", "true": True, "false": False}[job.get("unroll", "auto")])
+                      length_buckets=(job["prompt_bucket"],), unroll_layers=execution["rollout.unroll_layers"])
     data = prompt_dataset(ListSource([{"prompt": p} for p in prompts], "bench"), tok,
                           PromptDataConfig(batch_size=len(prompts), chat=False, shuffle=False), process_index=0,
                           process_count=1)
@@ -212,6 +225,7 @@ def worker_ours(job: dict) -> dict:
             "min_len": min(h["response/length_mean"] for h in hist),
             "params": int(n_params), "version": f"jax {jax.__version__}",
             "loss": [h.get("loss") for h in hist], "shared_prefix": plan.rows_per_prompt if plan else 0,
+            "execution": {c.key: c.value for c in execution.choices},
             **_launch_stats(job, walls[0])}
 
 
@@ -443,6 +457,16 @@ def run_worker(impl: str, job: dict, *, peer_hugepages: bool = False, ours_venv:
     return res
 
 
+def _execution_cell(res: dict) -> str:
+    """Ours' resolved execution settings, per model, for the section's text."""
+    parts = []
+    for name, r in res.items():
+        ex = r.get("ours", {}).get("execution")
+        if ex:
+            parts.append(f"{name}: " + ", ".join(f"`{k}={v}`" for k, v in ex.items() if v is not None and k != "model.attention"))
+    return "; ".join(parts) or "not reported"
+
+
 def _row(name: str, label: str, res: dict, notes: list[str], n_expected: int, t_new: int = T) -> str:
     ok = {k: v for k, v in res.items() if "error" not in v}
     for k, v in res.items():
@@ -513,13 +537,14 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0: a reference model in every impl)")
     ap.add_argument("--no-shared-prefix", action="store_true", help="ours: the row-by-row update")
-    ap.add_argument("--remat", choices=("none", "dots", "full"), default="none",
+    ap.add_argument("--remat", choices=("auto", "none", "dots", "full"), default="auto",
                     help="ours: model.remat, what the update's backward pass recomputes instead of storing (dots: keeps "
-                         "only the projections' outputs; the peers store everything, as configured by default)")
-    ap.add_argument("--shared-prompt-kv", action="store_true",
+                         "only the projections' outputs; the peers store everything, as configured by default); "
+                         "auto: as a plain run chooses (jaxrl_llm.training.auto)")
+    ap.add_argument("--shared-prompt-kv", choices=("auto", "true", "false"), default="auto",
                     help="ours: rollout.shared_prompt_kv (the G rows of a prompt read its keys once while decoding)")
     ap.add_argument("--unroll", choices=("auto", "true", "false"), default="auto",
-                    help="ours: rollout.unroll_layers (the sampler's layers unrolled, scanned, or its own rule)")
+                    help="ours: rollout.unroll_layers (the sampler's layers unrolled, scanned, or the run's rule)")
     ap.add_argument("--bf16", action="store_true",
                     help="ours: float32 training weights, the sampler decoding with them cast to bfloat16 "
                          "(rollout.sampler_dtype=bfloat16, with recipe.old_logp=recompute); TRL: bf16=True (float32 "
@@ -559,6 +584,7 @@ def main():
         raise SystemExit("--bf16 compares ours with TRL in bfloat16; drop tunix from --impls (e.g. --impls ours,trl)")
     ours_tuned = malloc_environment() is not None
     rows: list[str] = []
+    executions: dict = {}  # model -> {impl: result}: ours reports its resolved execution settings
     notes: list[str] = []
     versions: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -600,6 +626,7 @@ def main():
                 print(f"[{name}] {len(ids)} prompt tokens; summed prompt log-probs: "
                       + ", ".join(f"{k} {v.get('prompt_logp', v.get('error'))}" for k, v in res.items()))
                 continue
+            executions[name] = res
             rows.append(_row(name, label, res, notes, len(ids), t_new))
             print(rows[-1], flush=True)
     if a.check_only:
@@ -631,8 +658,11 @@ def main():
             f"{a.prompt_tokens} tokens, x 8 completions x exactly {a.new_tokens} new tokens; beta = {a.beta:g} "
             f"({'no reference model' if not a.beta else 'a reference model and the k3 KL term in every implementation'}"
             f"); ours {'row by row' if a.no_shared_prefix else 'with its default shared-prefix update'}"
-            + (f" and `model.remat={a.remat}`" if a.remat != "none" else "")
-            + (" and `rollout.shared_prompt_kv=true`" if a.shared_prompt_kv else "") + ". "
+            + (f" and `model.remat={a.remat}`" if a.remat != "auto" else "")
+            + (f" and `rollout.shared_prompt_kv={a.shared_prompt_kv}`" if a.shared_prompt_kv != "auto" else "")
+            + (f" and `rollout.unroll_layers={a.unroll}`" if a.unroll != "auto" else "")
+            + (", with its execution settings as a plain run resolves them (" + _execution_cell(executions) + ")"
+               if (a.remat, a.shared_prompt_kv, a.unroll) == ("auto",) * 3 else "") + ". "
             + ("In bfloat16: ours keeps float32 training weights and samples with them cast to bfloat16 "
                "(`rollout.sampler_dtype=bfloat16`, which needs `recipe.old_logp=recompute`: one more forward pass "
                "for the old log-probs); TRL runs with `bf16=True` (float32 weights under bfloat16 autocast, its "
@@ -643,8 +673,9 @@ def main():
             f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
             f"Reproduce: `.venv/bin/python benchmarks/grpo_step_vs_peers.py --models {a.models} --shape realistic "
             f"--beta {a.beta:g} "
-            f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "none" else "")
-            + (" --shared-prompt-kv" if a.shared_prompt_kv else "") + (" --bf16 --impls " + a.impls if a.bf16 else "")
+            f"--repeats {a.repeats} --warmup {a.warmup}" + (f" --remat {a.remat}" if a.remat != "auto" else "")
+            + (f" --shared-prompt-kv {a.shared_prompt_kv}" if a.shared_prompt_kv != "auto" else "")
+            + (f" --unroll {a.unroll}" if a.unroll != "auto" else "") + (" --bf16 --impls " + a.impls if a.bf16 else "")
             + (" --peer-hugepages" if a.peer_hugepages else "") + (f" --ours-venv {a.ours_venv}" if a.ours_venv else "")
             + "`" + (" with `JAXRL_LLM_HUGEPAGES=1` in the environment" if ours_tuned else "")
             + ".\n\n"

@@ -887,8 +887,9 @@ def plan_spec_of(cfg: Any, **overrides: Any) -> PlanSpec:
     ``overrides``: PlanSpec fields (``chip``, ``hbm_gib``, ...). Not planned: LoRA's smaller
     optimiser state (the plan counts every parameter as trained)."""
     from jaxrl_llm.training.loading import model_config
-    from jaxrl_llm.training.runner import rl_recipe, update_objective
+    from jaxrl_llm.training.runner import resolve_execution, rl_recipe, update_objective
 
+    cfg, _ = resolve_execution(cfg)  # model.remat=auto and the sampler's settings, as the run resolves them
     rec = rl_recipe(cfg)
     mcfg = model_config(cfg.model)
     rec, _, _ = update_objective(cfg, rec, mcfg, cfg.mesh.batch_ways)  # the update the run compiles

@@ -172,6 +172,7 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
     _check_fields(cfg)
     spec = _env_spec(cfg)
     rec = _recipe(cfg)
+    cfg, execution = resolve_agent_execution(cfg)
     try:
         model_config(cfg.model)
     except ValueError as e:
@@ -183,7 +184,22 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
         raise ConfigError(f"recipe.advantage={rec.estimator.name}: a greedy-baseline estimator is not available in "
                           f"agent runs")
     return {"env": spec.name, "episodes_per_step": cfg.rollout.episodes_per_step * cfg.rollout.num_samples,
-            "recipe": to_dict(rec.spec)}
+            "recipe": to_dict(rec.spec), "execution": execution.to_dict()}
+
+
+def resolve_agent_execution(cfg: AgentRunConfig):
+    """``(cfg with model.remat=auto resolved, the Execution)``: from one update micro-batch of
+    episodes at the longest episode bucket (:func:`jaxrl_llm.training.auto.resolve_remat`)."""
+    from jaxrl_llm.training.auto import resolve_remat
+
+    ro = cfg.rollout
+    rows = ro.episodes_per_step * ro.num_samples // max(1, _recipe(cfg).num_minibatches)
+    rows //= max(1, cfg.optim.num_microbatches)
+    try:
+        model, execution = resolve_remat(cfg.model, rows, max(ro.episode_buckets))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return dataclasses.replace(cfg, model=model), execution
 
 
 class EpisodeEvaluator:
@@ -340,8 +356,10 @@ def run_agent(cfg: AgentRunConfig) -> dict:
 
     t_start = time.perf_counter()
     check_agent(cfg)
+    cfg, execution = resolve_agent_execution(cfg)
+    print(execution.line(), flush=True)
     rec = _recipe(cfg)
-    resolved = to_dict(dataclasses.replace(cfg, recipe=rec.spec))
+    resolved = {**to_dict(dataclasses.replace(cfg, recipe=rec.spec)), "execution": execution.to_dict()}
     spec = _env_spec(cfg)
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)

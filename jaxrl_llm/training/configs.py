@@ -46,7 +46,9 @@ class ModelSpec:
     preset: str = ""
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: str = "none"
+    #: what the update's backward pass recomputes: none, dots, full, or auto (chosen from the run's
+    #: shapes: dots when the update keeps >= 1 GiB of activations without it; jaxrl_llm.training.auto)
+    remat: str = "auto"
     #: the attention implementation (jaxrl_llm.models.attn): auto (splash on TPU, cudnn on GPU; on
     #: CPU dense up to 2,048 keys, blockwise above), dense, blockwise, splash, cudnn
     attention: str = "auto"
@@ -119,11 +121,13 @@ class RolloutSpec:
     old policy is the float32 one) and logs the mismatch (``sampler_mismatch/*``); correct it
     with ``recipe.is_weights=tis`` or ``icepop``. ``shared_prompt_kv``: the ``num_samples`` rows of a
     prompt read its keys/values once while decoding instead of a copy each (less cache memory and
-    fewer bytes per decode step when prompts are long; equal to float rounding, not bit for bit,
-    so off by default; :class:`jaxrl_llm.rollout.SamplingConfig`). ``unroll_layers``: decode with the
+    fewer bytes per decode step when prompts are long; equal to float rounding, not bit for bit;
+    :class:`jaxrl_llm.rollout.SamplingConfig`); unset: chosen by the run (on when the copies it
+    saves are >= 16 MiB and >= 10% of a decode step's bytes, :mod:`jaxrl_llm.training.auto`).
+    ``unroll_layers``: decode with the
     layers unrolled over per-layer copies of the weights (``true``) or scanned over the stacked
-    weights (``false``); unset: :class:`jaxrl_llm.rollout.Sampler`'s ``"auto"`` (scanned for models
-    above 128 MiB decoded in float32, i.e. without ``sampler_dtype``). Unrolled is faster for large
+    weights (``false``); unset: chosen by the run as :class:`jaxrl_llm.rollout.Sampler`'s ``"auto"``
+    (scanned for models above 128 MiB decoded in float32, i.e. without ``sampler_dtype``). Unrolled is faster for large
     decode batches (SmolLM2, 32 distinct prompts: 7.8 against 10.7 s) and compiles longer; it matches
     the scanned sampler to float rounding, not bit for bit. The held-out evaluation's sampler and
     SPO's continuation sampler follow it too."""
@@ -142,7 +146,7 @@ class RolloutSpec:
     tree_segment: int | None = None
     tree_branch: int = 2
     sampler_dtype: str | None = None
-    shared_prompt_kv: bool = False
+    shared_prompt_kv: bool | None = None
     unroll_layers: bool | None = None
 
 

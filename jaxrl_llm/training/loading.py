@@ -3,12 +3,13 @@ SmolLM2, an HF directory, a GGUF file, or the tiny random model of tests and the
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from jaxrl_llm.training.configs import ModelSpec
 
-__all__ = ["load_policy", "lora_config", "tiny_config", "model_config", "load_aux_params"]
+__all__ = ["load_policy", "lora_config", "tiny_config", "model_config", "shapes_of", "load_aux_params"]
 
 
 def lora_config(spec: ModelSpec):
@@ -38,8 +39,24 @@ def tiny_config(spec: ModelSpec, vocab: int):
                    norm_topk_prob=True)
     return ModelConfig(vocab_size=vocab, hidden_size=h, num_layers=spec.num_layers, num_heads=4, num_kv_heads=2,
                        head_dim=h // 4, intermediate_size=4 * h, tie_embeddings=True, max_position_embeddings=512,
-                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+                       dtype=spec.dtype, param_dtype=spec.param_dtype, remat=_remat(spec), attention=spec.attention,
                        attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec), **moe)
+
+
+def _remat(spec: ModelSpec) -> str:
+    """``model.remat`` as the model takes it; ``"auto"`` must have been resolved by the runner
+    (:mod:`jaxrl_llm.training.auto`), except for a shapes-only config (:func:`shapes_of`)."""
+    if spec.remat == "auto":
+        raise ValueError("model.remat=auto is chosen by the runner from the run's shapes (jaxrl_llm.training.auto); "
+                         "resolve the config first or pass none, dots or full")
+    return spec.remat
+
+
+def shapes_of(spec: ModelSpec, *, vocab_size: int = 95):
+    """:func:`model_config` for reading shapes only: ``model.remat=auto`` taken as ``"none"``."""
+    if spec.remat == "auto":
+        spec = dataclasses.replace(spec, remat="none")
+    return model_config(spec, vocab_size=vocab_size)
 
 
 def _moe_over(spec: ModelSpec) -> dict:
@@ -53,7 +70,7 @@ def load_policy(spec: ModelSpec, *, seed: int = 0, mesh=None):
 
     from jaxrl_llm.models import Transformer, load_gguf, load_hf, load_smollm2, load_tokenizer
 
-    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=_remat(spec), attention=spec.attention,
                 attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec))
     src = spec.source
     if src == "smollm2":
@@ -83,7 +100,7 @@ def model_config(spec: ModelSpec, *, vocab_size: int = 95):
     or ``spec.preset``'s shapes (for checking configs whose weights are elsewhere)."""
     from jaxrl_llm.models import PRESETS
 
-    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=spec.remat, attention=spec.attention,
+    over = dict(dtype=spec.dtype, param_dtype=spec.param_dtype, remat=_remat(spec), attention=spec.attention,
                 attention_block=spec.attention_block, lora=lora_config(spec), **_moe_over(spec))
     if spec.source in TINY_SOURCES:
         return tiny_config(spec, vocab_size)

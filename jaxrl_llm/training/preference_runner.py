@@ -50,6 +50,20 @@ def preference_run_objective(cfg: PreferenceRunConfig):
     return preference_recipe(r.name, sft_coef=sft_coef, **r.loss.args)
 
 
+def resolve_preference_execution(cfg: PreferenceRunConfig):
+    """``(cfg with model.remat=auto resolved, the Execution)``: from one update micro-batch of
+    pairs (chosen and rejected rows) at the longest prompt bucket plus ``pairs.max_new_tokens``
+    (:func:`jaxrl_llm.training.auto.resolve_remat`)."""
+    from jaxrl_llm.training.auto import resolve_remat
+
+    rows = 2 * cfg.pairs.batch_size // max(1, cfg.optim.num_microbatches)
+    try:
+        model, execution = resolve_remat(cfg.model, rows, max(cfg.prompt_buckets) + cfg.pairs.max_new_tokens)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return dataclasses.replace(cfg, model=model), execution
+
+
 def check_preference(cfg: PreferenceRunConfig) -> dict:
     """Validate ``cfg`` without running anything; raises :class:`~jaxrl_llm.config.ConfigError`."""
     from jaxrl_llm.tasks import get_task
@@ -248,10 +262,12 @@ def run_preference(cfg: PreferenceRunConfig) -> dict:
 
     t_start = time.perf_counter()
     check_preference(cfg)
+    cfg, execution = resolve_preference_execution(cfg)
+    print(execution.line(), flush=True)
     objective = preference_run_objective(cfg)
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)
-    resolved = to_dict(cfg)
+    resolved = {**to_dict(cfg), "execution": execution.to_dict()}
     (out / "config.json").write_text(json.dumps(resolved, indent=1))
     seed, buckets = cfg.run.seed, tuple(cfg.prompt_buckets)
     model, tok = load_policy(cfg.model, seed=seed)

@@ -153,7 +153,8 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe
 
 
 def _unroll_choice(cfg: RLRunConfig) -> bool | str:
-    """``rollout.unroll_layers`` as the samplers take it (unset: their ``"auto"`` rule)."""
+    """``rollout.unroll_layers`` as the samplers take it (unset, in a config not resolved by
+    :func:`resolve_execution`: their ``"auto"`` rule)."""
     u = cfg.rollout.unroll_layers
     return "auto" if u is None else u
 
@@ -164,7 +165,7 @@ def _sampling(cfg: RLRunConfig, stop_ids, pad_id):
     ro = cfg.rollout
     return SamplingConfig(max_new_tokens=ro.max_new_tokens, num_samples=ro.num_samples, temperature=ro.temperature,
                           top_p=ro.top_p, stop_token_ids=tuple(stop_ids), pad_token_id=pad_id,
-                          weight_dtype=ro.sampler_dtype, shared_prompt_kv=ro.shared_prompt_kv)
+                          weight_dtype=ro.sampler_dtype, shared_prompt_kv=bool(ro.shared_prompt_kv))
 
 
 def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
@@ -193,6 +194,12 @@ def _check_fields(cfg: RLRunConfig, *, files: bool = False) -> None:
     need(isinstance(ro.asynchronous, bool), f"rollout.asynchronous must be true or false, got {ro.asynchronous!r}")
     need(ro.unroll_layers is None or isinstance(ro.unroll_layers, bool),
          f"rollout.unroll_layers must be true, false or unset, got {ro.unroll_layers!r}")
+    need(ro.shared_prompt_kv is None or isinstance(ro.shared_prompt_kv, bool),
+         f"rollout.shared_prompt_kv must be true, false or unset, got {ro.shared_prompt_kv!r}")
+    from jaxrl_llm.models.config import REMAT
+
+    need(cfg.model.remat == "auto" or cfg.model.remat in REMAT,
+         f"model.remat must be auto or one of {', '.join(REMAT)}, got {cfg.model.remat!r}")
     need(not ro.asynchronous or (ro.sampler_devices and ro.staleness),
          "rollout.asynchronous=true samples the next step on the sampler's own devices during this step's update: "
          f"set rollout.sampler_devices >= 1 and rollout.staleness >= 1 (got {ro.sampler_devices} and {ro.staleness})")
@@ -401,6 +408,7 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     from jaxrl_llm.models import Transformer
 
     _check_fields(cfg)
+    cfg, execution = resolve_execution(cfg)
     try:
         model_cfg = model_config(cfg.model)
     except ValueError as e:
@@ -444,7 +452,23 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     variants = max(1, len(cfg.data.budgets))  # data.budgets: every question comes once per budget
     return {"params": n_params, "rows_per_step": cfg.rollout.prompts_per_step * variants * cfg.rollout.num_samples,
             "mesh": dataclasses.asdict(cfg.mesh), "model": model_cfg.to_dict(), "recipe": to_dict(rec.spec),
-            "shared_prefix": (f"blocks of {prefix.rows_per_prompt} rows" if prefix else f"off: {prefix_off}")}
+            "shared_prefix": (f"blocks of {prefix.rows_per_prompt} rows" if prefix else f"off: {prefix_off}"),
+            "execution": execution.to_dict()}
+
+
+def resolve_execution(cfg: RLRunConfig, platform: str | None = None):
+    """``(cfg with its auto execution settings resolved, the Execution)``: ``model.remat=auto``,
+    ``rollout.shared_prompt_kv`` and ``rollout.unroll_layers`` unset become the values
+    :func:`jaxrl_llm.training.auto.choose` picks for the run's shapes on ``platform`` (default:
+    JAX's backend); values the config sets are kept."""
+    from jaxrl_llm.training.auto import resolve_rl
+    from jaxrl_llm.training.loading import shapes_of
+
+    try:
+        shapes = shapes_of(cfg.model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return resolve_rl(cfg, rl_recipe(cfg), shapes, platform)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -732,6 +756,9 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     _check_fields(cfg, files=True)
     use_compile_cache(cfg.run.compile_cache)
     rec = rl_recipe(cfg)  # every name is resolved (and checked) before anything loads
+    cfg, execution = resolve_execution(cfg)  # auto execution settings, from the shapes (jaxrl_llm.training.auto)
+    if jax.process_index() == 0:
+        print(execution.line(), flush=True)
     try:
         mcfg = model_config(cfg.model)
         _check_long(cfg, rec, mcfg)  # lengths against the model, packing, context
@@ -743,7 +770,7 @@ def _run_rl(cfg: RLRunConfig) -> dict:
         pre = preflight(cfg, rec, mcfg, force=cfg.run.force)
         log.info("preflight (%s): %.2f GiB per device planned at most, %.1f GiB available", pre["checked"],
                  pre.get("planned_bytes", pre["bound_bytes"]) / 2**30, pre["available_bytes"] / 2**30)
-    resolved = to_dict(dataclasses.replace(cfg, recipe=rec.spec))
+    resolved = {**to_dict(dataclasses.replace(cfg, recipe=rec.spec)), "execution": execution.to_dict()}
     s = _setup(cfg, resolved)
     _check_mesh(cfg, rec, s.base_cfg, jax.device_count() - cfg.rollout.sampler_devices)
     train_src, eval_rows, sft_rows, reward_fn, score_fn = _rows(cfg)
