@@ -560,6 +560,7 @@ def main():
                     help="run ours from this virtualenv instead of .venv, e.g. .venv-core: the core install of "
                          "scripts/main.sh, without the test extras' torch that transformers imports when present")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--section", default="", help="with --write: the section's title (default: from the options)")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -667,7 +668,7 @@ def main():
                "(`rollout.sampler_dtype=bfloat16`, which needs `recipe.old_logp=recompute`: one more forward pass "
                "for the old log-probs); TRL runs with `bf16=True` (float32 weights under bfloat16 autocast, its "
                "generation included). " if a.bf16 else "")
-            + "Everything else as in the section above (" + ("" if a.bf16 else "float32, ")
+            + "Everything else as in the section \"grpo_step_vs_peers, realistic shapes, beta 0\" (" + ("" if a.bf16 else "float32, ")
             + "one AdamW update per rollout, medians of "
             f"{a.repeats} steps after {a.warmup} warm-up steps). "
             f"Versions: {'; '.join(f'{k}: {v}' for k, v in versions.items())}. Machine: {machine()}. "
@@ -689,7 +690,7 @@ def main():
         body += "\n\n" + "\n".join(f"- {n}" for n in notes)
     print(body)
     if a.write:
-        write_section(section, body)
+        write_section(a.section or section, body)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,17 @@ The rules are written from ``benchmarks/auto_sweep.py`` (docs/benchmarks.md, sec
 
 - ``model.remat``: ``"dots"`` when the update would keep at least :data:`REMAT_DOTS_MIN_BYTES`
   of activations without rematerialisation, else ``"none"``. Measured on XLA:CPU: shape (a)
-  (8.7M model, 64 rows x 384 tokens; 4.6 GiB by this estimate) 1.06-1.17x faster and half the peak
-  RSS (5.8 -> 3.1 GB); shape (b) (SmolLM2, 32 x 384; 14 GiB) 1.44-1.55x and 19 -> 8 GB;
-  the main job (SmolLM2 with LoRA, 32 x 76; 2.6 GiB) see docs/benchmarks.md. Below the threshold
-  (every test-sized run) the recomputation has nothing to win back and only lengthens compiles.
+  (8.7M model, 64 rows x 384 tokens; 2.81 GiB by this estimate) 1.06-1.17x faster and half the
+  peak RSS (5.8 -> 3.1 GB); shape (b) (SmolLM2, 32 x 384; 12.45 GiB) 1.44-1.55x and 19 -> 8 GB;
+  the main job (SmolLM2 with LoRA, 32 x 76; 2.41 GiB) the same accuracy and rewards, update time
+  equal, wall time 145 against 151 s. Below the threshold (every test-sized run) the recomputation
+  has nothing to win back and only lengthens compiles.
   The same memory rule holds on accelerators, where it is what the chips' memory needs (the
   planner, ``jaxrl-llm plan``, checks the compiled step against it); no timing there was measured.
 - ``rollout.shared_prompt_kv``: on when the prompt keys/values it stops copying are at least
   :data:`SHARED_KV_MIN_BYTES` and at least :data:`SHARED_KV_MIN_SHARE` of what a decode step reads
-  (the weights plus the unshared cache). Shape (b) (330 MiB, 30% of a step's bytes): 1.08-1.13x
-  alone, 1.04-1.09x on top of ``dots``. Off where it does not apply: one sample per prompt,
+  (the weights plus the unshared cache). Shape (b) (0.31 GiB, 30% of a step's bytes): 1.08-1.13x
+  alone, 1.04-1.09x on top of ``dots``; the main job (79 MiB, 13%): rollouts 33.0 against 37.6 s. Off where it does not apply: one sample per prompt,
   TreePO's segment tree, and a mixture of experts (the sampler's expert routes of the prompt are
   then not recorded, which routing replay and ``moe/router_mismatch`` read).
 - ``rollout.unroll_layers``: the sampler's own rule (:func:`jaxrl_llm.rollout.sampler.resolve_unroll`),
