@@ -52,10 +52,12 @@ class TagFormatReward:
     ``think``, ``answer``).
 
     ``strict=True``: 1.0 when the whole completion is exactly the sections in order
-    (whitespace between them allowed, each tag once), else 0. ``strict=False``: partial
-    credit, ``1 / (2 n)`` for each opening and each closing tag that occurs exactly once, plus
-    nothing for order (the "tag count" shaping used by open-r1 style recipes), so a model can
-    climb towards the format.
+    (whitespace between them allowed, each tag once, each section with some non-whitespace
+    content), else 0. ``strict=False``: partial credit, ``1 / (2 n)`` for each opening and each
+    closing tag that occurs exactly once, plus nothing for order (the "tag count" shaping used by
+    open-r1 style recipes), so a model can climb towards the format. Empty sections
+    (``<answer></answer>``, whitespace only) earn nothing in either mode: tags without content
+    are a format hack, not the format (open-r1's ``format_reward`` accepts them; we are stricter).
     """
 
     tags: tuple[str, ...] = ("think", "answer")
@@ -70,8 +72,8 @@ class TagFormatReward:
         return "tag_format"
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
-        if self.strict:
-            body = r"\s*".join(rf"<{t}>(?:(?!</?{t}>).)*</{t}>" for t in self.tags)
+        if self.strict:  # each section: after its leading whitespace (taken whole), content up to the closing tag
+            body = r"\s*".join(rf"<{t}>\s*+(?!</{t}>)(?:(?!</?{t}>).)+</{t}>" for t in self.tags)
             rx = re.compile(rf"\s*{body}\s*", re.DOTALL)
             return [1.0 if rx.fullmatch(c) else 0.0 for c in completions]
         unit = 1.0 / (2 * len(self.tags))
@@ -79,7 +81,8 @@ class TagFormatReward:
         for c in completions:
             s = 0.0
             for t in self.tags:
-                s += unit * (c.count(f"<{t}>") == 1) + unit * (c.count(f"</{t}>") == 1)
+                empty = re.search(rf"<{t}>\s*</{t}>", c) is not None
+                s += 0.0 if empty else unit * (c.count(f"<{t}>") == 1) + unit * (c.count(f"</{t}>") == 1)
             out.append(s)
         return out
 

@@ -26,7 +26,12 @@ Difficulty knobs
 Verifier (:func:`parse_final_number`)
     The final answer is taken from the first source that is present, in this order: the
     content of the last ``<answer>...</answer>`` tag, else the content of the last
-    ``\\boxed{...}``, else the whole completion; within it the last number counts.
+    ``\\boxed{...}``, else the whole completion; within it the last number counts. An explicit
+    answer (a tag or a box) must be one answer: several tags or boxes with different final
+    numbers, or several different numbers after the answer's last ``=`` (``<answer>3 or
+    4</answer>``, ``\\boxed{3, 4}``), are a hedge and score 0 (``<answer>9 + 7 = 16</answer>``
+    is the answer 16). In the whole completion the last number counts, as worked steps come
+    before it.
     Numbers may have a sign (``-7``, ``−7``; a ``-`` directly after a digit, letter or ``)``
     is a binary minus), thousands separators (``1,234``) and decimals (``5.0`` equals 5, a
     trailing period as in ``5.`` is punctuation). Score 1.0 iff the number equals the
@@ -80,36 +85,38 @@ def find_numbers(text: str) -> list[Fraction]:
     return out
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
+def _boxed_all(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` (nested braces allowed; an unclosed last box takes the rest)."""
+    out, start = [], text.find("\\boxed{")
+    while start >= 0:
+        i = start + len("\\boxed{")
+        depth, end = 1, len(text)
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
             if depth == 0:
-                return text[i:j]
-    return text[i:]  # unclosed: take the rest
+                end = j
+                break
+        out.append(text[i:end])
+        start = text.find("\\boxed{", end)
+    return out
+
+
+def _explicit_number(answer: str) -> Fraction | None:
+    """The one number of an explicit answer (after its last ``=``), or None when it has none or
+    several different ones (a hedge)."""
+    nums = set(find_numbers(answer.rsplit("=", 1)[-1]))
+    return nums.pop() if len(nums) == 1 else None
 
 
 def parse_final_number(completion: str) -> Fraction | None:
-    """The final numeric answer of ``completion``, or None if there is none.
-
-    Source: the last ``<answer>`` tag's content if any tag is present, else the last
-    ``\\boxed{}`` content if any, else the whole text; the last number in the source wins.
-    """
-    tags = _ANSWER_TAG_RE.findall(completion)
-    if tags:
-        source = tags[-1]
-    else:
-        boxed = _last_boxed(completion)
-        source = boxed if boxed is not None else completion
-    nums = find_numbers(source)
+    """The final numeric answer of ``completion``, or None if there is none (see the module
+    docstring): the ``<answer>`` tags' if any, else the ``\\boxed{}`` contents' if any, each
+    of them one and the same number; else the last number of the whole text."""
+    explicit = _ANSWER_TAG_RE.findall(completion) or _boxed_all(completion)
+    if explicit:
+        values = {_explicit_number(a) for a in explicit}
+        return values.pop() if len(values) == 1 else None
+    nums = find_numbers(completion)
     return nums[-1] if nums else None
 
 

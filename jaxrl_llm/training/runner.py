@@ -78,7 +78,7 @@ def _rows(cfg: RLRunConfig) -> tuple[Any, list[dict], list[dict], Any, Any]:
             if len(src) == 0:
                 raise ConfigError(f"{key}={getattr(d, key.split('.')[1])!r} has no rows")
         eval_rows = [ev[i] for i in range(min(d.eval_rows, len(ev)))]
-        return train, eval_rows, [], math_reward, (lambda c, r: float(math_reward([""], [c], answer=[r["answer"]])[0]))
+        return train, eval_rows, [], math_reward, (lambda c, r: float(math_reward([str(r.get("prompt", ""))], [c], answer=[r["answer"]])[0]))
     from jaxrl_llm.tasks import get_task
 
     task = get_task(d.task, **dict(d.task_args))

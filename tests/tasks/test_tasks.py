@@ -227,7 +227,8 @@ def test_corrupted_formatting_solutions_score_zero():
         ("It is 5.", 5),
         ("37 + 5 = 42", 42),
         ("3 and then 4", 4),
-        ("<answer>1</answer> then <answer>2</answer>", 2),
+        ("<answer>1</answer> then <answer>2</answer>", None),  # two different answers: a hedge (issue 39)
+        ("<answer>2</answer> then <answer>2</answer>", 2),
         ("<answer>7</answer> and 9 afterwards", 7),  # tag beats later numbers
         ("\\boxed{3} but 8", 3),  # boxed beats later numbers
         ("5-3", 3),  # binary minus, not a sign

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from jaxrl_llm.tasks.base import SPLITS, stable_hash
 
-__all__ = ["EVAL_MODULUS", "split_of", "split_seeds", "seed_splitter", "extract_answer", "normalize_answer",
+__all__ = ["EVAL_MODULUS", "split_of", "split_seeds", "seed_splitter", "answers_of", "extract_answer", "normalize_answer",
            "first_word", "EpisodeOver"]
 
 EVAL_MODULUS = 5
@@ -104,11 +104,23 @@ def seed_splitter(name: str, key_of: Callable[[int], Hashable], *, eval_modulus:
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.S | re.I)
 
 
+# a tool call the policy writes, or a tool's response block it writes itself (the environment's own
+# responses are observations, never part of an action); an unclosed block runs to the end
+_TOOL_BLOCK_RE = re.compile(r"<(tool_call|tool_response)>.*?(?:</\1>|\Z)", re.S | re.I)
+
+
+def answers_of(text: str) -> list[str]:
+    """Contents of every ``<answer>...</answer>`` of the reply in ``text`` (a final unclosed
+    ``<answer>`` takes the rest: generation often stops at the closing tag), stripped. Tags
+    inside ``<tool_call>`` or ``<tool_response>`` blocks are not the reply's: an answer put in a
+    tool's input or in a made-up tool output does not count."""
+    return [h.strip() for h in _ANSWER_RE.findall(_TOOL_BLOCK_RE.sub(" ", text))]
+
+
 def extract_answer(text: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` (a final unclosed ``<answer>`` takes the rest
-    of the text: generation often stops at the closing tag), stripped; None without a tag."""
-    hits = _ANSWER_RE.findall(text)
-    return hits[-1].strip() if hits else None
+    """The last of :func:`answers_of` ``text``, or None without an answer tag in the reply."""
+    hits = answers_of(text)
+    return hits[-1] if hits else None
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

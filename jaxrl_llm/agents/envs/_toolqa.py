@@ -2,10 +2,11 @@
 
 An episode is one question. On each turn the policy either
 
-- gives a final answer ``<answer>...</answer>`` (the last tag counts; a final unclosed tag
-  takes the rest of the turn): the episode ends (``terminated``) with reward 1 if the
-  subclass's :meth:`ToolQuestionEnv.is_correct` accepts it, else 0 (tool calls in the same
-  turn are not run);
+- gives a final answer ``<answer>...</answer>`` (a final unclosed tag takes the rest of the
+  turn; tags inside ``<tool_call>`` / ``<tool_response>`` blocks do not count): the episode
+  ends (``terminated``) with reward 1 if the subclass's :meth:`ToolQuestionEnv.is_correct`
+  accepts every answer tag of the turn, else 0: several different answers are a hedge, not an
+  answer (``info["hedged"]``). Tool calls in the same turn are not run;
 - or calls tools (``<tool_call>`` blocks, see :mod:`jaxrl_llm.agents.tools`): the
   observation is one ``<tool_response>`` block per call, errors included (malformed calls,
   unknown tools, calls past the episode's :class:`~jaxrl_llm.agents.tools.ToolBudget`);
@@ -33,7 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable
 
-from jaxrl_llm.agents.envs._common import EpisodeOver, extract_answer
+from jaxrl_llm.agents.envs._common import EpisodeOver, answers_of
 from jaxrl_llm.agents.tools import ToolBudget, ToolCall, ToolRegistry, format_tool_response, parse_tool_calls
 
 __all__ = ["ToolQuestionEnv"]
@@ -81,11 +82,12 @@ class ToolQuestionEnv:
         if self.done:
             raise EpisodeOver(f"{type(self).__name__}.step: the episode is over; call reset(seed) first")
         self.turns += 1
-        info: dict = {"success": False, "invalid": False}
-        answer = extract_answer(action)
+        info: dict = {"success": False, "invalid": False, "hedged": False}
+        answers = answers_of(action)
         reward = 0.0
-        if answer is not None:
-            ok = self.is_correct(answer)
+        if answers:
+            info["hedged"] = len(set(answers)) > 1
+            ok = all(self.is_correct(a) for a in answers)
             info["success"] = ok
             reward = 1.0 if ok else 0.0
             obs, terminated = ("Correct." if ok else "Incorrect."), True
