@@ -16,7 +16,7 @@ from jaxrl_llm.algorithms.estimators import AGENT_KINDS, ESTIMATORS, PROVIDED_IN
 from jaxrl_llm.training.preference import PREFERENCE_RECIPES
 from jaxrl_llm.training.recipes import PRESETS
 
-__all__ = ["catalog", "BUILDING_BLOCKS", "KIND_ORDER", "markdown", "reachable_core_functions"]
+__all__ = ["catalog", "BUILDING_BLOCKS", "FEATURES", "KIND_ORDER", "markdown", "reachable_core_functions"]
 
 #: registries in the order the catalogue shows them
 KIND_ORDER = ("recipe.advantage", "recipe.loss", "recipe.agg", "recipe.kl.estimator", "recipe.kl.controller",
@@ -49,6 +49,20 @@ _CONSTANTS = {"AGG_MODES", "AggMode", "KL_ESTIMATORS", "KLControllerState", "Pre
               "CPO_LOSS_TYPES", "DPO_LOSSES", "GroupStats", "COMMON_METRICS"}
 
 
+#: methods that are how the trainer computes rather than a part a recipe selects: listed with their
+#: config key (the same record fields as a registered part)
+FEATURES: tuple[dict[str, Any], ...] = (
+    {"kind": "training feature", "key": "train.shared_prefix", "name": "shared_prefix",
+     "paper": "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward (Liu et al.), arXiv:2506.05433",
+     "core": [], "requires": [], "defaults": {}, "methods": [68],
+     "verified": "equal to the row-by-row update to float rounding (loss, gradient, a run)",
+     "tests": "tests/training/test_shared_prefix_update.py, tests/models/test_shared_prefix_attention.py",
+     "note": "each prompt group's prompt is encoded once in every log-prob pass of the update and its rows "
+             "attend to it; unset (the default): on wherever the update stays the same computation "
+             "(jaxrl_llm.training.prefix, TrainSpec)"},
+)
+
+
 def _registries() -> dict[str, Registry]:
     return {k: REGISTRIES[k] for k in KIND_ORDER if k in REGISTRIES} | {
         k: v for k, v in REGISTRIES.items() if k not in KIND_ORDER}
@@ -72,6 +86,7 @@ def catalog(*, library_only: bool = False) -> list[dict[str, Any]]:
             out.append({"kind": reg.kind, "key": key, "name": name, "paper": p.paper, "core": list(p.core),
                         "requires": sorted(p.requires), "defaults": dict(p.defaults), "methods": list(p.methods),
                         "verified": p.verified, "tests": p.tests, "note": p.note})
+    out.extend(dict(f) for f in FEATURES)
     for name, pr in PRESETS.items():
         s = pr.spec
         parts = (f"advantage={s.advantage.name}, loss={s.loss.name} {s.loss.args}, agg={s.agg}"

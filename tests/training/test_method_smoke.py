@@ -50,6 +50,8 @@ def _kind(r) -> str:
         return "rl"
     if r["key"] == "env.horizon":
         return "agent"
+    if r["key"] == "train.shared_prefix":
+        return "feature"
     return "unknown"
 
 
@@ -166,10 +168,26 @@ def _preference(r):
     return out
 
 
+def _feature(r):
+    """A training feature (Prefix Grouper: ``train.shared_prefix=true``): a two-step run of the runner."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from test_shared_prefix_update import _tiny
+
+    from jaxrl_llm.training.runner import TrainSpec, run_rl
+
+    assert r["key"] == "train.shared_prefix", r
+    with tempfile.TemporaryDirectory() as out:
+        run_rl(_tiny(out, train=TrainSpec(shared_prefix=True)))
+        return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", SEED_ROWS, ids=_id)
 def test_seed_method_two_steps(row):
-    run = {"rl": _rl, "agent": _agent, "preference": _preference}[_kind(row)]
+    run = {"rl": _rl, "agent": _agent, "preference": _preference, "feature": _feature}[_kind(row)]
     hist = run(row)
     assert len(hist) == 2
     for m in hist:
