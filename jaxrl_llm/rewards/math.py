@@ -84,11 +84,6 @@ def last_boxed(text: str) -> str | None:
     return spans[-1][0].strip() if spans else None
 
 
-def _last_number(text: str) -> str | None:
-    nums = NUMBER_RE.findall(text)
-    return nums[-1].replace(",", "") if nums else None
-
-
 def _spans(text: str, how: str) -> list[tuple[str, int, int]]:
     """The answers of one extraction method in ``text``, as ``(content, start, end)``."""
     if how == "boxed":

@@ -25,13 +25,12 @@ Difficulty knobs
 
 Verifier (:func:`parse_final_number`)
     The final answer is taken from the first source that is present, in this order: the
-    content of the last ``<answer>...</answer>`` tag, else the content of the last
-    ``\\boxed{...}``, else the whole completion; within it the last number counts. An explicit
-    answer (a tag or a box) must be one answer: several tags or boxes with different final
-    numbers, or several different numbers after the answer's last ``=`` (``<answer>3 or
-    4</answer>``, ``\\boxed{3, 4}``), are a hedge and score 0 (``<answer>9 + 7 = 16</answer>``
-    is the answer 16). In the whole completion the last number counts, as worked steps come
-    before it.
+    ``<answer>...</answer>`` tags, else the ``\\boxed{...}`` contents, else the whole
+    completion. An explicit answer (a tag or a box) must be one answer: its one number after its
+    last ``=`` (``<answer>9 + 7 = 16</answer>`` is 16), the same in every tag or box; several
+    different numbers (``<answer>3 or 4</answer>``, ``\\boxed{3, 4}``, two tags with 3 and 4)
+    are a hedge and score 0. In the whole completion the last number counts, as worked steps
+    come before it.
     Numbers may have a sign (``-7``, ``−7``; a ``-`` directly after a digit, letter or ``)``
     is a binary minus), thousands separators (``1,234``) and decimals (``5.0`` equals 5, a
     trailing period as in ``5.`` is punctuation). Score 1.0 iff the number equals the

@@ -44,7 +44,7 @@ import dataclasses
 from typing import Any
 
 __all__ = ["REMAT_DOTS_MIN_BYTES", "SHARED_KV_MIN_BYTES", "SHARED_KV_MIN_SHARE", "RunShape", "Choice", "Execution",
-           "activation_bytes", "choose", "rl_shape", "resolve_rl", "resolve_remat"]
+           "n_params", "activation_bytes", "choose", "rl_shape", "resolve_rl", "resolve_remat"]
 
 GiB, MiB = 2**30, 2**20
 #: the update's activations without remat (:func:`activation_bytes`) from which ``auto`` picks ``dots``
@@ -115,17 +115,19 @@ def n_params(model_cfg: Any) -> int:
     """Parameters of the model (embeddings once when tied), from its shapes."""
     c = model_cfg
     d, layers = c.hidden_size, c.num_layers
-    mlp = 3 * d * (c.moe_intermediate_size * max(1, c.num_experts) if c.num_experts else c.intermediate_size)
+    mlp = 3 * d * max(c.intermediate_size, c.moe_intermediate_size * max(1, c.num_experts))
     attn = d * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * d
     return c.vocab_size * d * (1 if c.tie_embeddings else 2) + layers * (attn + mlp)
 
 
-def activation_bytes(model_cfg: Any, rows: int, length: int, remat: str = "none") -> float:
-    """The activations one update micro-batch of ``rows`` x ``length`` tokens keeps for its
-    backward pass under ``remat`` (every layer's whole without remat, its matmul outputs under
-    ``dots``, its input plus one layer under ``full``), float32 bound, plus a dense
-    implementation's attention scores of one layer (the same estimate as the preflight's
-    :func:`jaxrl_llm.training.preflight.rough_peak`)."""
+def activation_bytes(model_cfg: Any, rows: int, length: int, remat: str = "none",
+                     tokens: float | None = None) -> float:
+    """The activations one update micro-batch of ``rows`` rows of up to ``length`` tokens
+    (``tokens`` in all, default ``rows * length``; fewer when packed) keeps for its backward pass
+    under ``remat`` (every layer's whole without remat, its matmul outputs under ``dots``, its
+    input plus one layer under ``full``), float32 bound, plus a dense implementation's attention
+    scores of one layer. The preflight's bound (:func:`jaxrl_llm.training.preflight.rough_peak`)
+    is built on it."""
     from jaxrl_llm.models.attn import AUTO_DENSE_MAX_KEYS
 
     c = model_cfg
@@ -135,7 +137,7 @@ def activation_bytes(model_cfg: Any, rows: int, length: int, remat: str = "none"
     layer = (4 * d + 3 * f + 2 * (h + 2 * kh) * dh) * 4.0
     kept = {"none": layers * layer, "dots": layers * (2 * d + 2 * f + (h + 2 * kh) * dh) * width,
             "full": layers * d * width + layer}[remat]
-    act = rows * length * kept
+    act = (rows * length if tokens is None else tokens) * kept
     if c.attention == "dense" or (c.attention == "auto" and length <= AUTO_DENSE_MAX_KEYS):
         act += 2 * rows * h * length * length * 4.0
     return act

@@ -64,15 +64,12 @@ def rough_peak(cfg: Any, rec: Any, model_cfg: Any, n_devices: int = 1) -> float:
     under ``remat=full`` plus one layer's whole), dense attention scores, the logits of one chunk,
     and the sampler's KV cache beside the parameters. Loose on purpose: it decides whether the
     compiled plan is needed."""
-    from jaxrl_llm.models.attn import AUTO_DENSE_MAX_KEYS
+    from jaxrl_llm.training.auto import activation_bytes, n_params as count_params
     from jaxrl_llm.training.runner import longest_row
 
     ro, t = cfg.rollout, cfg.train
-    d, f, h, kh, dh, layers = (model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.num_heads,
-                               model_cfg.num_kv_heads, model_cfg.head_dim, model_cfg.num_layers)
-    n_params = (model_cfg.vocab_size * d * (1 if model_cfg.tie_embeddings else 2)
-                + layers * (d * (h + 2 * kh) * dh + h * dh * d + 3 * d * max(f, model_cfg.moe_intermediate_size
-                                                                                 * max(1, model_cfg.num_experts))))
+    kh, dh, layers = model_cfg.num_kv_heads, model_cfg.head_dim, model_cfg.num_layers
+    n_params = count_params(model_cfg)
     state = n_params * 16.0  # params, gradient and two moments, 4 bytes each
     length = longest_row(cfg)
     rows = ro.prompts_per_step * max(1, len(cfg.data.budgets)) * ro.num_samples
@@ -84,14 +81,7 @@ def rough_peak(cfg: Any, rec: Any, model_cfg: Any, n_devices: int = 1) -> float:
     else:
         mb_rows = max(1, per_update // max(1, cfg.optim.num_microbatches))
         tokens = mb_rows * length
-    width = 2.0 if model_cfg.dtype in ("bfloat16", "float16") else 4.0
-    layer = (4 * d + 3 * f + 2 * (h + 2 * kh) * dh) * 4.0  # one layer's activations per token (float32 bound)
-    kept = {"none": layers * layer, "dots": layers * (2 * d + 2 * f + (h + 2 * kh) * dh) * width,
-            "full": layers * d * width + layer}[model_cfg.remat]
-    act = tokens * kept
-    impl = model_cfg.attention
-    if impl == "dense" or (impl == "auto" and length <= AUTO_DENSE_MAX_KEYS):
-        act += 2 * mb_rows * h * length * length * 4.0  # scores and probabilities of one layer
+    act = activation_bytes(model_cfg, mb_rows, length, model_cfg.remat, tokens=tokens)
     act += mb_rows * min(128, length) * model_cfg.vocab_size * 4.0 * 3  # a logits chunk, forward and backward
     cache = layers * 2 * kh * dh * rows * length * 4.0
     sampler = n_params * 4.0 + cache + rows * model_cfg.vocab_size * 4.0

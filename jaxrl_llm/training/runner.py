@@ -456,11 +456,12 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
             "execution": execution.to_dict()}
 
 
-def resolve_execution(cfg: RLRunConfig, platform: str | None = None):
+def resolve_execution(cfg: RLRunConfig, platform: str | None = None, rec: RLRecipe | None = None):
     """``(cfg with its auto execution settings resolved, the Execution)``: ``model.remat=auto``,
     ``rollout.shared_prompt_kv`` and ``rollout.unroll_layers`` unset become the values
     :func:`jaxrl_llm.training.auto.choose` picks for the run's shapes on ``platform`` (default:
-    JAX's backend); values the config sets are kept."""
+    JAX's backend); values the config sets are kept. ``rec``: the run's resolved recipe, when the
+    caller has it."""
     from jaxrl_llm.training.auto import resolve_rl
     from jaxrl_llm.training.loading import shapes_of
 
@@ -468,7 +469,7 @@ def resolve_execution(cfg: RLRunConfig, platform: str | None = None):
         shapes = shapes_of(cfg.model)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return resolve_rl(cfg, rl_recipe(cfg), shapes, platform)
+    return resolve_rl(cfg, rec if rec is not None else rl_recipe(cfg), shapes, platform)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -756,7 +757,7 @@ def _run_rl(cfg: RLRunConfig) -> dict:
     _check_fields(cfg, files=True)
     use_compile_cache(cfg.run.compile_cache)
     rec = rl_recipe(cfg)  # every name is resolved (and checked) before anything loads
-    cfg, execution = resolve_execution(cfg)  # auto execution settings, from the shapes (jaxrl_llm.training.auto)
+    cfg, execution = resolve_execution(cfg, rec=rec)  # auto execution settings, from the shapes (training/auto.py)
     if jax.process_index() == 0:
         print(execution.line(), flush=True)
     try:

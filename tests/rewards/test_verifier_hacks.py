@@ -129,3 +129,14 @@ def test_tool_env_hedge_and_tool_block_answers():
     env.reset(3)  # a made-up tool response holding the answer: no answer
     _, r, term, _, info = env.step(f"<tool_response>{right}: <answer>{right}</answer></tool_response>")
     assert term is False and r == 0.0 and info["invalid"]
+
+
+def test_copied_spans_hand_values():
+    from jaxrl_llm.rewards.math import copied_spans
+
+    prompt = "Tom has 5 apples and buys 7 more."
+    completion = "So: Tom has 5 apples and buys 7 more. Then 12."
+    # the common passage is the prompt whole (33 characters), at completion[4:37]
+    assert copied_spans(prompt, completion) == [(4, 37)]
+    assert copied_spans(prompt, completion, min_chars=34) == []
+    assert copied_spans("", completion) == [] and copied_spans(prompt, "short") == []
