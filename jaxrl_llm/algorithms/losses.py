@@ -44,7 +44,9 @@ LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lamb
                      # 1 on the rows sampled with a hint and trained after the plain prompt (Guide)
                      "hinted": lambda n, t: ((n,), "float32"),
                      # each reward function's score (the config-time trial assumes up to 8 functions)
-                     "component_scores": lambda n, t: ((n, 8), "float32")}
+                     "component_scores": lambda n, t: ((n, 8), "float32"),
+                     # R2VPO's dual variable, every row the same (the loop part recipe.loss=r2vpo keeps it)
+                     "r2vpo_lambda": lambda n, t: ((n,), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
 _T_TRL = _T + ", tests/conformance/test_trl_grpo.py"
 
@@ -170,6 +172,23 @@ for _part in (
          flags=(("coupled", True),),
          note="both advantage channels from the reward functions by index (answer, optional format, tool-call "
               "count); the estimator's advantages are not used"),
+    Part("etr", core.etr_loss, paper="ETR: Outcome-Guided Elastic Trust Regions for Policy Optimization (Zhang et "
+                                     "al.), arXiv:2601.03723",
+         core=("etr_loss",), requires=_GROUP_COLS, methods=(45,), verified="hand values, paper identity (alpha = beta "
+                                                                            "= 0: PPO clip)",
+         tests=_TB, flags=(("coupled", True),),
+         note="clip bounds eps (1 + alpha min(|A|, adv_cap)) (1 + beta 4 p (1 - p)), p the group's pass rate; the "
+              "paper's functional form and constants were not available (abstract only): alpha and beta have no "
+              "default; aggregation agg (GRPO's seq-mean-token-mean by default)"),
+    Part("r2vpo", core.r2vpo_loss, paper="Ratio-Variance Regularized Policy Optimization for Efficient LLM "
+                                         "Fine-tuning (R2VPO; Luo et al.), arXiv:2601.03320",
+         core=("r2vpo_loss", "r2vpo_dual_step"), requires=frozenset({"r2vpo_lambda"}), methods=(26,),
+         verified="hand values, paper identity (lambda = 0: the unclipped policy gradient)", tests=_TB
+         + ", tests/training/test_r2vpo_dual.py", flags=(("coupled", True),),
+         note="no clip: -rho A + lambda (Var(rho) - delta) over the mini-batch's tokens; lambda is a dual variable "
+              "the loop moves once per step (lambda <- max(0, lambda + lambda_lr (Var - delta)), from lambda_init) "
+              "and checkpoints; delta has no default (the paper's value was not found); pair it with recipe.epochs "
+              "> 1 or several mini-batches, on-policy the ratio is 1"),
     Part("mdpo", core.mdpo_loss, paper="Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
          core=("mdpo_loss",), methods=(94,), verified="hand values, paper identity", tests=_TB,
          note="no clipping; (1/t) KL(pi || pi_old) per token; use with several epochs (recipe.epochs)"),

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_llm.core import _checks
+from jaxrl_llm.core.aggregation import AGG_MODES, aggregate
 from jaxrl_llm.core.policy_losses import _check_clip, _clipped_surrogate, _prep, ratio_metrics
 from jaxrl_llm.core.stats import masked_mean, safe_divide
 
@@ -38,6 +39,9 @@ __all__ = [
     "mdpo_loss",
     "hdpo_advantages",
     "hdpo_loss",
+    "etr_loss",
+    "r2vpo_loss",
+    "r2vpo_dual_step",
 ]
 
 sg = jax.lax.stop_gradient
@@ -650,3 +654,124 @@ def hdpo_loss(logp, old_logp, advantages, mask, *, tool_advantages, w_acc: float
     tool, _ = term(at[:, None] * m, m * rows[:, None])
     return w_acc * acc + w_tool * tool, {**met, **ratio_metrics(lp - olp, m), "hdpo_acc_loss": sg(acc),
                                          "hdpo_tool_loss": sg(tool), "hdpo_tool_rows": jnp.sum(rows)}
+
+
+# ----------------------------------------------------------------------------------------- ETR
+
+
+def etr_loss(logp, old_logp, advantages, mask, *, scores, group_ids, alpha: float, beta: float,
+             clip_low: float = 0.2, clip_high: float | None = None, adv_cap: float = 3.0, max_clip: float = 0.9,
+             dual_clip: float | None = 3.0, agg: str = "seq-mean-token-mean", is_weights=None):
+    """ETR: PPO's clip range made elastic per sample, by its advantage and its group's pass rate.
+
+    For row ``i`` of prompt group ``g`` with pass rate ``p_g`` (the mean of the group's scores,
+    clipped to ``[0, 1]``, over its rows with a response) and token advantage ``A_t``:
+
+    ``s_t = (1 + alpha min(|A_t|, adv_cap)) (1 + beta 4 p_g (1 - p_g))``,
+    ``eps_low,t = min(clip_low s_t, max_clip)``, ``eps_high,t = min(clip_high s_t, max_clip)``,
+
+    then the (dual-)clipped PPO surrogate with those bounds, aggregated with ``agg``. The
+    *micro* factor widens the trust region of high-confidence (large ``|A|``) samples; the
+    *macro* factor gives prompts in the "optimal learning zone" (``p`` near 1/2, where the
+    Bernoulli variance ``p (1 - p)`` peaks, normalised to 1 by the factor 4) a larger update
+    budget, and none extra to prompts the policy always or never solves.
+
+    Paper: Zhang et al., "ETR: Outcome-Guided Elastic Trust Regions for Policy Optimization",
+    arXiv:2601.03723. Only the abstract was available to us (no code released): the two
+    elasticities (clip bounds scaled by advantage magnitude; by group variance) are the paper's;
+    the multiplicative form, the cap of ``|A|`` at ``adv_cap``, the normalisation ``4 p (1 - p)``
+    and ``max_clip`` are this library's reading, and ``alpha`` / ``beta`` have no default (the
+    paper's values were not found). Identity: ``alpha = beta = 0`` is PPO's clipped surrogate
+    (GRPO's with ``agg="seq-mean-token-mean"``).
+
+    Returns:
+      ``(loss scalar, metrics)``: clip and ratio metrics, ``etr_eps_low_mean``,
+      ``etr_eps_high_mean``, ``etr_pass_var_mean`` (mean ``4 p (1 - p)`` over rows).
+    """
+    for name, v in (("alpha", alpha), ("beta", beta), ("adv_cap", adv_cap)):
+        _checks.check_positive(name, v, allow_zero=True)
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    if not 0.0 < float(max_clip) <= 1.0:
+        raise ValueError(f"argument 'max_clip' must be in (0, 1] (1 - eps_low must stay >= 0), got {max_clip!r}")
+    if agg not in AGG_MODES:
+        raise ValueError(f"argument 'agg' must be one of {AGG_MODES}, got {agg!r}")
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    b = lp.shape[0]
+    gid = _check_groups(group_ids, b)
+    rows = _rows(m).astype(jnp.float32)
+    s = jnp.clip(_checks.as_float(scores), 0.0, 1.0) * rows
+    n_g = jax.ops.segment_sum(rows, gid, num_segments=b)
+    p = safe_divide(jax.ops.segment_sum(s, gid, num_segments=b), n_g)[gid]
+    var = 4.0 * p * (1.0 - p)
+    scale = (1.0 + alpha * jnp.minimum(jnp.abs(adv), adv_cap)) * (1.0 + beta * var)[:, None]
+    eps_lo = jnp.minimum(clip_low * scale, max_clip)
+    eps_hi = jnp.minimum(clip_high * scale, max_clip)
+    ratio = _ratio(lp, olp)
+    per, met = _clipped_surrogate(ratio, jnp.clip(ratio, 1.0 - eps_lo, 1.0 + eps_hi), adv, m, clip_low, clip_high,
+                                  dual_clip)
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    loss = aggregate(jnp.where(m > 0, per, 0.0), m, agg)
+    return loss, {**met, **ratio_metrics(lp - olp, m), "etr_eps_low_mean": sg(masked_mean(eps_lo, m)),
+                  "etr_eps_high_mean": sg(masked_mean(eps_hi, m)),
+                  "etr_pass_var_mean": sg(safe_divide(jnp.sum(var * rows), jnp.sum(rows)))}
+
+
+# ----------------------------------------------------------------------------------------- R2VPO
+
+
+def r2vpo_loss(logp, old_logp, advantages, mask, *, r2vpo_lambda, delta: float, lambda_init: float = 1.0,
+               lambda_lr: float = 1.0, agg: str = "token-mean", is_weights=None):
+    """R²VPO: the unclipped importance-weighted advantage with a primal-dual penalty on the
+    variance of the importance ratio, in place of PPO's clip.
+
+    ``L = -agg(rho_t A_t) + lambda (Var(rho) - delta)``, ``rho_t = pi_theta / pi_old`` per token,
+    ``Var(rho) = mean_t (rho_t - mean_t rho_t)^2`` over the mini-batch's response tokens (the
+    second central moment), the gradient flowing through both moments. ``lambda >= 0`` is the
+    dual variable of the constraint ``Var(rho) <= delta``; it is not a parameter of the loss but
+    the batch column ``r2vpo_lambda [B]`` (every row the same value), kept by the loop part
+    :class:`jaxrl_llm.training.parts.r2vpo.RatioVarianceDual` and moved once per step by dual
+    ascent, ``lambda <- max(0, lambda + lambda_lr (Var(rho) - delta))`` with the step's measured
+    variance (:func:`r2vpo_dual_step`), starting at ``lambda_init``. ``lambda_init`` and
+    ``lambda_lr`` are arguments here only so that one config block holds the method's settings.
+
+    Unlike the clip, a token far from the trust region keeps its gradient: the penalty pulls
+    the whole ratio distribution in (a "soft brake"), and stale rows are down-weighted rather
+    than cut off.
+
+    Paper: Luo et al., "Ratio-Variance Regularized Policy Optimization for Efficient LLM
+    Fine-tuning", arXiv:2601.03320 (also arXiv:2605.26784). The abstract states the constraint
+    on the ratio's variance and its primal-dual treatment; the Lagrangian above and the projected
+    dual-ascent update are the standard form of that (METHODS.md section 2.2); ``delta`` has no
+    default (the paper's value was not found). Identity: ``lambda = 0`` is the unclipped
+    policy gradient ``-rho A`` (MDPO with infinite step size), whose gradient at ``rho = 1`` is
+    REINFORCE's; on-policy (``rho = 1``) the penalty and its gradient are 0.
+
+    Returns:
+      ``(loss scalar, metrics)``: ratio metrics, ``r2vpo_ratio_var`` (what the dual step reads),
+      ``r2vpo_lambda``.
+    """
+    _checks.check_positive("delta", delta, allow_zero=True)
+    _checks.check_positive("lambda_init", lambda_init, allow_zero=True)
+    _checks.check_positive("lambda_lr", lambda_lr, allow_zero=True)
+    if agg not in AGG_MODES:
+        raise ValueError(f"argument 'agg' must be one of {AGG_MODES}, got {agg!r}")
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    lam = jnp.max(jnp.maximum(_checks.as_float(r2vpo_lambda), 0.0))
+    ratio = _ratio(lp, olp)
+    per = -adv * ratio
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    pg = aggregate(jnp.where(m > 0, per, 0.0), m, agg)
+    mean = masked_mean(ratio, m)
+    var = masked_mean(jnp.square(ratio - mean), m)
+    loss = pg + sg(lam) * (var - delta)
+    return loss, {**ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()), "clip_frac_lower": jnp.zeros(()),
+                  "r2vpo_ratio_var": sg(var), "r2vpo_lambda": sg(lam), "r2vpo_pg_loss": sg(pg)}
+
+
+def r2vpo_dual_step(lam: float, ratio_var: float, *, delta: float, lambda_lr: float = 1.0) -> float:
+    """One projected dual-ascent step of R²VPO's multiplier:
+    ``max(0, lam + lambda_lr (ratio_var - delta))`` (host floats)."""
+    return max(0.0, float(lam) + float(lambda_lr) * (float(ratio_var) - float(delta)))

@@ -238,6 +238,9 @@ CASES = {
     "p3o": lambda lp, old, a, m: C.p3o_loss(lp, old, a, m, scores=SC, group_ids=G0, variant="joint")[0],
     "hapo": lambda lp, old, a, m: C.hapo_loss(lp, old, a, m, old_entropy=jnp.abs(jnp.nan_to_num(old)) + 0.1)[0],
     "mdpo": lambda lp, old, a, m: jnp.sum(C.mdpo_loss(lp, old, a, m)[0]),
+    "etr": lambda lp, old, a, m: C.etr_loss(lp, old, a, m, scores=SC, group_ids=G0, alpha=0.3, beta=1.0)[0],
+    "r2vpo": lambda lp, old, a, m: C.r2vpo_loss(lp, old, a, m, r2vpo_lambda=np.full(4, 2.0, np.float32),
+                                                delta=0.01)[0],
 }
 
 
@@ -275,3 +278,108 @@ def test_hdpo_channels_and_loss_hand_values():
     close(t1, np.zeros(4))
     close(C.hdpo_loss(np.zeros((4, 5)), np.zeros((4, 5)), np.asarray(a_acc)[:, None] * m, m, tool_advantages=a_tool,
                       w_tool=0.0)[0], acc)
+
+
+# ------------------------------------------------------------------------------------------------- ETR
+# two groups of two rows: group 0 pass rate 1/2 (4p(1-p) = 1), group 1 pass rate 1 (0); old_logp = 0
+ETR_RATIOS = [[1.5, 0.7], [0.6, 1.1, 1.35], [1.3], [0.8, 1.45]]
+
+
+def etr_batch():
+    r, m = ragged(ETR_RATIOS, 3, 1.0)
+    adv = np.array([1.0, -1.0, 2.0, 0.5], np.float32)[:, None] * m
+    return np.log(r) * m, np.zeros_like(m), adv, m, np.array([1, 0, 1, 1], np.float32), np.array([0, 0, 1, 1],
+                                                                                                    np.int32)
+
+
+def test_etr_hand_values():
+    lp, old, adv, m, sc, gid = etr_batch()
+    kw = dict(scores=sc, group_ids=gid, alpha=0.5, beta=1.0, dual_clip=None)
+    # eps = 0.2 (1 + 0.5 min(|A|, 3)) (1 + 4 p (1 - p)):
+    # row 0: 0.2 * 1.5 * 2 = 0.6 -> ratios 1.5, 0.7 unclipped for A = +1: losses -1.5, -0.7
+    # row 1: 0.6 as well (|A| = 1): 0.6 stays, 1.1, 1.35 -> clip(1.35) = 1.35 (< 1.6); A = -1: 0.6, 1.1, 1.35
+    # row 2: 0.2 * 2 * 1 = 0.4 (group 1 has no variance): ratio 1.3 < 1.4 -> -2 * 1.3 = -2.6
+    # row 3: 0.2 * 1.25 = 0.25: 0.8 (>= 0.75) -> -0.4; 1.45 -> clipped 1.25 -> -0.625
+    rows = [np.mean([-1.5, -0.7]), np.mean([0.6, 1.1, 1.35]), -2.6, np.mean([-0.4, -0.625])]
+    loss, met = C.etr_loss(lp, old, adv, m, **kw)
+    close(loss, np.mean(rows))
+    close(met["etr_pass_var_mean"], 0.5)
+    close(met["clip_frac"], 1 / 8)
+    # the same batch under plain PPO clips row 0's 1.5, row 1's 0.6 and 1.35, row 2's 1.3 and row 3's 1.45
+    ppo_rows = [np.mean([-1.2, -0.7]), np.mean([0.8, 1.1, 1.35]), -2.4, np.mean([-0.4, -0.6])]
+    close(C.etr_loss(lp, old, adv, m, **{**kw, "alpha": 0.0, "beta": 0.0})[0], np.mean(ppo_rows))
+    # max_clip caps the elastic bound: row 0 at 0.3 clips 1.5 to 1.3
+    capped = C.etr_loss(lp, old, adv, m, **{**kw, "max_clip": 0.3})[0]
+    assert float(capped) > float(loss)
+
+
+def test_etr_with_zero_elasticity_is_ppo_clip():
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.uniform(0.3, 0.95, (6, 5))).astype(np.float32)
+    old = np.log(rng.uniform(0.3, 0.95, (6, 5))).astype(np.float32)
+    adv = rng.normal(size=(6, 5)).astype(np.float32)
+    m = (np.arange(5)[None] < rng.integers(1, 6, 6)[:, None]).astype(np.float32)
+    gid = np.array([0, 0, 1, 1, 2, 2], np.int32)
+    sc = rng.integers(0, 2, 6).astype(np.float32)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        per, _ = C.ppo_clip_loss(lp, old, adv, m, clip_low=0.2, clip_high=0.28)
+        f = lambda x: C.etr_loss(x, old, adv, m, scores=sc, group_ids=gid, alpha=0.0, beta=0.0, clip_low=0.2,
+                                 clip_high=0.28, agg=agg)[0]
+        g = lambda x: C.aggregate(C.ppo_clip_loss(x, old, adv, m, clip_low=0.2, clip_high=0.28)[0], m, agg)
+        close(f(lp), g(lp))
+        close(jax.grad(f)(jnp.asarray(lp)), jax.grad(g)(jnp.asarray(lp)))
+
+
+def test_etr_macro_factor_widens_only_mixed_groups():
+    lp, old, adv, m, sc, gid = etr_batch()
+    base = C.etr_loss(lp, old, adv, m, scores=sc, group_ids=gid, alpha=0.0, beta=0.0)[1]
+    wide = C.etr_loss(lp, old, adv, m, scores=sc, group_ids=gid, alpha=0.0, beta=2.0)[1]
+    # group 0 (p = 1/2) gets eps 0.2 * 3 = 0.6 on its 5 tokens, group 1 (p = 1) keeps 0.2 on 3
+    close(wide["etr_eps_low_mean"], (5 * 0.6 + 3 * 0.2) / 8)
+    close(base["etr_eps_low_mean"], 0.2)
+    with pytest.raises(ValueError, match="max_clip"):
+        C.etr_loss(lp, old, adv, m, scores=sc, group_ids=gid, alpha=0.0, beta=0.0, max_clip=1.5)
+    with pytest.raises(ValueError, match="alpha"):
+        C.etr_loss(lp, old, adv, m, scores=sc, group_ids=gid, alpha=-1.0, beta=0.0)
+
+
+# ------------------------------------------------------------------------------------------------- R2VPO
+
+
+def test_r2vpo_hand_values_and_gradient():
+    r, m = ragged([[1.2, 0.9], [0.5, 1.4, 1.0]], 3, 1.0)
+    lp, old = np.log(r) * m, np.zeros_like(m)
+    adv = np.array([1.0, -2.0], np.float32)[:, None] * m
+    lam = np.full(2, 3.0, np.float32)
+    loss, met = C.r2vpo_loss(lp, old, adv, m, r2vpo_lambda=lam, delta=0.05)
+    rho = np.array([1.2, 0.9, 0.5, 1.4, 1.0])
+    a = np.array([1, 1, -2, -2, -2.0])
+    var = np.mean((rho - rho.mean()) ** 2)
+    close(met["r2vpo_ratio_var"], var)
+    close(loss, np.mean(-a * rho) + 3.0 * (var - 0.05))
+    # gradient wrt logp_t: rho_t (-A_t / n + lam * 2 (rho_t - mean) / n) (the mean's own term sums to zero)
+    g = np.asarray(jax.grad(lambda x: C.r2vpo_loss(x, old, adv, m, r2vpo_lambda=lam, delta=0.05)[0])(
+        jnp.asarray(lp)))
+    want = rho * (-a / 5 + 3.0 * 2 * (rho - rho.mean()) / 5)
+    close(g[m > 0], want, tol=1e-5)
+
+
+def test_r2vpo_identities_and_dual_step():
+    rng = np.random.default_rng(1)
+    lp = np.log(rng.uniform(0.3, 0.95, (4, 6))).astype(np.float32)
+    adv = rng.normal(size=(4, 6)).astype(np.float32)
+    m = (np.arange(6)[None] < np.array([[6], [3], [5], [1]])).astype(np.float32)
+    # on-policy: rho = 1, no variance: the penalty is -lam delta, a constant; the gradient is REINFORCE's
+    f = lambda x: C.r2vpo_loss(x, jax.lax.stop_gradient(x), adv, m, r2vpo_lambda=np.full(4, 5.0, np.float32),
+                               delta=0.1)[0]
+    close(f(jnp.asarray(lp)), C.aggregate(-adv, m, "token-mean") - 0.5)
+    close(jax.grad(f)(jnp.asarray(lp)), jax.grad(lambda x: C.aggregate(-adv * x, m, "token-mean"))(jnp.asarray(lp)))
+    # lambda = 0: the unclipped importance-weighted advantage
+    old = np.log(rng.uniform(0.3, 0.95, (4, 6))).astype(np.float32)
+    close(C.r2vpo_loss(lp, old, adv, m, r2vpo_lambda=np.zeros(4, np.float32), delta=0.1)[0],
+          C.aggregate(-adv * np.exp(lp - old), m, "token-mean"))
+    # projected dual ascent
+    assert C.r2vpo_dual_step(1.0, 0.3, delta=0.1, lambda_lr=2.0) == pytest.approx(1.4)
+    assert C.r2vpo_dual_step(0.1, 0.0, delta=0.1, lambda_lr=2.0) == 0.0
+    with pytest.raises(ValueError, match="delta"):
+        C.r2vpo_loss(lp, old, adv, m, r2vpo_lambda=np.zeros(4, np.float32), delta=-1.0)

@@ -208,6 +208,8 @@ R.update({
     "hapo_loss": (lambda lp, o, a, m: C.hapo_loss(lp, o, a, m, old_entropy=jnp.abs(o) + 0.05), tok4, 3),
     "mdpo_loss": (lambda *a: C.mdpo_loss(*a, t=0.5), tok4, 3),
     "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
+    "etr_loss": (lambda *a: C.etr_loss(*a, scores=SCB, group_ids=GID, alpha=0.2, beta=0.5), tok4, 3),
+    "r2vpo_loss": (lambda *a: C.r2vpo_loss(*a, r2vpo_lambda=np.full(B, 0.7, np.float32), delta=0.05), tok4, 3),
     "hdpo_advantages": (lambda a, f, k, v: C.hdpo_advantages(a, f, k, GID, NG, valid=v),
                         lambda s: [_scores(s), _scores(s + 1), _rng(s).integers(0, 4, B).astype(np.float32),
                                    np.ones(B, bool)], 3),
@@ -321,6 +323,8 @@ EXEMPT = {
     "dense_group_ids": "host-side helper over Python uids (not an array function); tested in test_shaping_stats",
     "curriculum_budget": "host-side schedule of a Python step (not an array function); tested in test_reward_shaping",
     "stage_schedule": "host-side schedule of a Python step (not an array function); tested in test_schedules",
+    "r2vpo_dual_step": "host-side float update of R2VPO's multiplier (not an array function); tested in "
+                       "test_batch_losses",
     "interleaved_length_cap": "host-side schedule of a Python step (not an array function); tested in "
                               "test_reward_shaping",
     **{n: "host-side integer program (NumPy, the shapes of the next rollout); tested in test_allocation"

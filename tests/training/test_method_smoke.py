@@ -21,6 +21,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},
+            ("recipe.loss", "etr"): {"alpha": 0.5, "beta": 1.0}, ("recipe.loss", "r2vpo"): {"delta": 0.01},
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
             ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
