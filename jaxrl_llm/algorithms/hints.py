@@ -99,12 +99,21 @@ def ghpo(x: HintInputs, *, column: str = "solution", fractions=(0.25, 0.5, 0.75)
     whatever they score. From training step ``start_step`` on. ``metric``: the reward function
     whose outcome decides (GHPO: the accuracy reward, not the total); default the total."""
     del metric  # read by the loop (the values it passes)
+    return _solution_prefixes(x, "ghpo", column, fractions, start_step, template)
+
+
+def _solution_prefixes(x: HintInputs, part: str, column: str, fractions, start_step: int, template: str) -> dict:
+    """Stage ``s``: the all-fail groups (stage 0) or those hinted before that still fail get
+    ``template`` and the first ``round(len(solution) * fractions[s])`` characters of their
+    solution appended to the user message."""
     fractions = tuple(float(f) for f in fractions)
     if not fractions or any(not 0.0 < f <= 1.0 for f in fractions):
         raise ValueError(f"recipe.hints.fractions must be numbers in (0, 1], got {list(fractions)}")
+    if list(fractions) != sorted(set(fractions)):
+        raise ValueError(f"recipe.hints.fractions must increase (each stage a longer prefix), got {list(fractions)}")
     if x.stage >= len(fractions) or x.step < start_step:
         return {}
-    sols = _column(x, "ghpo", column, "the reference solution")
+    sols = _column(x, part, column, "the reference solution")
     vals = np.nan_to_num(np.asarray(x.values, np.float64), nan=0.0)
     gid = np.asarray(x.group_ids)
     w = fractions[x.stage]
@@ -125,6 +134,43 @@ HINTS.register(Part(
          "re-sampled with 25%, then 50%, then 75% of the solution's characters appended to the prompt, all within "
          "the step; trained in the hinted context with no ratio correction; tasks give the solution in a column "
          "(default 'solution')"))
+
+
+#: POPE's instruction before the oracle prefix (our wording: the paper instructs the model to build on it)
+POPE_TEXT = ("\nBelow is the beginning of a correct solution. Continue from where it stops and finish solving the "
+             "problem:\n")
+
+
+def pope(x: HintInputs, *, column: str = "solution", fractions=(0.125, 0.25, 0.5, 0.75), start_step: int = 0,
+         template: str = POPE_TEXT, metric: str | None = None):
+    """POPE, Privileged On-Policy Exploration (Qu, Setlur, Smith, Salakhutdinov and Kumar,
+    arXiv:2601.18779): a hard problem (every sampled response fails: outcome ``<= 0``) is
+    explored again on-policy with a prefix of its oracle (reference) solution in the prompt and an
+    instruction to build on it, and the policy is trained on those guided rollouts in the guided
+    context. The oracle text is never a training target (it is prompt), which is the method's
+    point against SFT or off-policy use of the solutions. The paper uses the *minimally
+    sufficient* prefix: the search here grows the prefix over ``fractions`` (shortest first) within
+    the step, stopping for each problem at the first length under which one of its responses
+    scores ``> 0``; the last length's rollouts stay whatever they score.
+
+    What is not reproduced: the paper trains on a mixture of guided and unguided prompts, keeping
+    the unguided copy of a hard problem in the batch; here the guided group takes the unguided
+    group's place (an all-fail group gives GRPO no gradient, so the update differs only through
+    the aggregation's counts); its prefixes are chosen per problem before training, here online;
+    the instruction wording and the default fractions are ours (the paper's code was not
+    available to us). ``metric``: the reward function whose outcome decides (default the total)."""
+    del metric  # read by the loop (the values it passes)
+    return _solution_prefixes(x, "pope", column, fractions, start_step, template)
+
+
+HINTS.register(Part(
+    "pope", pope, paper="POPE: Learning to Reason on Hard Problems via Privileged On-Policy Exploration (Qu et al.), "
+                        "arXiv:2601.18779", methods=(254,), verified="hand values",
+    tests="tests/training/test_hints.py",
+    note="all-fail problems explored again with the shortest prefix of the oracle solution (12.5%, 25%, 50%, 75% of "
+         "its characters, in turn within the step) under which a response succeeds, after an instruction to build on "
+         "it; trained on-policy in the guided context; the guided group replaces the unguided one (the paper keeps "
+         "both) and the prefixes are found online (the paper: before training)"))
 
 
 #: the text before a hint appended to the prompt by ``recipe.hints=guide`` with ``replace=false``

@@ -137,6 +137,41 @@ def self_play(x: ShapingInputs, *, metric: str | None = None, preference: str = 
     return _replace(x, core.self_play_win_rate(jnp.asarray(p, jnp.float32), *_g(x)))
 
 
+#: a region ``[start, end]`` in a completion (the last one counts)
+REGION_RE = r"\[\s*(\d+)\s*,\s*(\d+)\s*\]"
+
+
+def parse_regions(completions, pattern: str = REGION_RE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(starts, ends, has_region)`` of the last ``pattern`` match (two integer groups) in each
+    completion; no match, or ``start > end``: no region."""
+    rx = re.compile(pattern)
+    if rx.groups != 2:
+        raise ValueError(f"recipe.shaping.pattern must have exactly two groups (start, end), got {pattern!r}")
+    n = len(completions)
+    st, en, has = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, bool)
+    for i, c in enumerate(completions):
+        found = rx.findall(c)
+        if found:
+            a, b = (int(v) for v in found[-1])
+            if a <= b:
+                st[i], en[i], has[i] = a, b, True
+    return st, en, has
+
+
+def region_consistency(x: ShapingInputs, *, pattern: str = REGION_RE, max_cells: int = 4096) -> np.ndarray:
+    """GUI-RCPO: the reward is the mean vote of the group's regions over the response's own region
+    (:func:`jaxrl_llm.core.region_consistency_reward`), no label used; regions parsed from the
+    completions with ``pattern`` (default ``[start, end]``, inclusive integers)."""
+    st, en, has = parse_regions(list(x.completions), pattern)
+    if has.any() and int(en[has].max()) >= max_cells:
+        raise ValueError(f"recipe.shaping=region_consistency: a region ends at {int(en[has].max())}, beyond max_cells="
+                         f"{max_cells} (raise recipe.shaping.max_cells if the grid is that large)")
+    grid = int(en[has].max()) + 1 if has.any() else 1
+    grid = 1 << max(grid - 1, 0).bit_length()  # a power of two: few distinct compiled shapes
+    r = core.region_consistency_reward(jnp.asarray(st), jnp.asarray(en), jnp.asarray(has), *_g(x), grid=grid)
+    return _replace(x, r)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -217,6 +252,15 @@ for _part in (
                              "Incentivization (EMPO), arXiv:2504.05812",
          core=("empo_reward",), methods=(15,), verified="hand values", tests=_T, flags=_TEXT,
          note="replaces the reward by the answer's share of the group (final answers as clusters); no label used"),
+    Part("region_consistency", region_consistency,
+         paper="Test-Time Reinforcement Learning for GUI Grounding via Region Consistency (GUI-RC / GUI-RCPO; Du et "
+               "al.), arXiv:2508.05615",
+         core=("region_consistency_reward",), methods=(98,), verified="hand values, paper identity (unanimous "
+                                                                      "regions: 1; isolated: 1/K)",
+         tests=_T + ", tests/tasks/test_span_grounding.py", flags=_TEXT,
+         note="replaces the reward by the mean vote of the group's predicted regions over the response's own region "
+              "(test-time RL, no label); the screen's 2-D boxes become 1-D [start, end] spans (the span-grounding "
+              "task, tasks.span_grounding); normalisations are our reading (code not available)"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

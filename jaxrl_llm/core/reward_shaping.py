@@ -29,6 +29,7 @@ __all__ = [
     "posterior_reward",
     "empo_reward",
     "self_play_win_rate",
+    "region_consistency_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -293,6 +294,57 @@ def empo_reward(answer_ids: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int
     if threshold:
         r = jnp.where(h < jnp.log(jnp.maximum(cnt, 1.0)) - 1e-6, r, 0.0)
     return sg(jnp.where(v > 0, r, 0.0))
+
+
+def region_consistency_reward(starts: jnp.ndarray, ends: jnp.ndarray, has_region: jnp.ndarray, group_ids: jnp.ndarray,
+                              num_groups: int, *, grid: int, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """GUI-RCPO's region consistency reward, on a 1-D grid: how much of the group agrees with
+    the region a response predicted, with no label.
+
+    Each response ``k`` of a prompt predicts a region ``B_k = [start_k, end_k]`` (inclusive
+    integer positions on a grid of ``grid`` cells; on a screen, pixels; in the text tasks, word
+    positions). Every response with a region votes for its cells: ``v(p) = (1 / K) sum_k
+    1[p in B_k]`` with ``K`` the group's (valid) responses, those without a region counting in
+    ``K`` but casting no vote. The reward is the mean vote over the response's own region,
+    ``r_k = (1 / |B_k|) sum_{p in B_k} v(p)``, and 0 for a response without a region. It is 1
+    when all ``K`` responses predict the same region and ``1 / K`` for a region no other response
+    overlaps; maximising it moves the policy towards the consensus region (which GUI-RC, the
+    training-free half of the paper, takes as the answer).
+
+    Paper: Du et al., "Test-Time Reinforcement Learning for GUI Grounding via Region
+    Consistency" (GUI-RC / GUI-RCPO), arXiv:2508.05615: spatial voting over the sampled
+    predictions and a reward of each prediction's agreement with the voting map, trained with
+    GRPO on unlabeled data. The 2-D screen becomes a 1-D grid here (the text analogue the
+    library's tasks host); the normalisation of the votes by ``K`` and of the reward by the
+    region's size are our reading of the paper's description (code not available to us).
+
+    Args:
+      starts, ends: ``[B]`` integer region bounds (inclusive; clipped to the grid).
+      has_region: ``[B]`` bool, the response gave a parseable region with ``start <= end``.
+      group_ids, num_groups, valid: as usual. grid: the number of cells (static).
+
+    Returns:
+      ``[B]`` float32 in ``[0, 1]``.
+    """
+    b = _seq("starts", starts)
+    _seq("ends", ends, b)
+    _seq("has_region", has_region, b)
+    _checks.check_int("starts", starts)
+    _checks.check_int("ends", ends)
+    _checks.check_groups(group_ids, num_groups, b)
+    if not (isinstance(grid, int) and grid >= 1):
+        raise ValueError(f"argument 'grid' must be an int >= 1, got {grid!r}")
+    v = _valid(valid, b)
+    s = jnp.clip(jnp.asarray(starts, jnp.int32), 0, grid - 1)
+    e = jnp.clip(jnp.asarray(ends, jnp.int32), 0, grid - 1)
+    has = jnp.asarray(has_region, bool) & (v > 0) & (jnp.asarray(starts) <= jnp.asarray(ends))
+    p = jnp.arange(grid)
+    cover = ((p[None] >= s[:, None]) & (p[None] <= e[:, None]) & has[:, None]).astype(jnp.float32)
+    votes = jax.ops.segment_sum(cover, group_ids, num_segments=num_groups)
+    k = group_sum(v, group_ids, num_groups)
+    vmap_ = safe_divide(votes, k[:, None])[group_ids]
+    r = safe_divide(jnp.sum(cover * vmap_, axis=1), jnp.sum(cover, axis=1))
+    return sg(jnp.where(has, r, 0.0))
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

@@ -15,6 +15,8 @@ a verifier (:meth:`~jaxrl_llm.tasks.base.Task.score`, and the TRL-style
 - :class:`Countdown`: reach a target with the given numbers and ``+ - * /``;
   ``Countdown.game24()``.
 - :class:`Formatting`: reorder words, answer in exact ``<answer>a, b, c</answer>`` format.
+- :class:`SpanGrounding`: find the run of one kind of word in a numbered list, answer
+  ``[start, end]`` (the text analogue of GUI grounding, for GUI-RCPO's region consistency).
 
 Registry::
 
@@ -35,6 +37,7 @@ from jaxrl_llm.tasks.base import SPLITS, Task, stable_hash
 from jaxrl_llm.tasks.countdown import Countdown, evaluate_expression, extract_expression, solve
 from jaxrl_llm.tasks.formatting import Formatting
 from jaxrl_llm.tasks.reasoning_gym import ReasoningGym
+from jaxrl_llm.tasks.span_grounding import KINDS as KINDS_OF_SPANS, SpanGrounding
 
 __all__ = [
     "Task",
@@ -43,6 +46,8 @@ __all__ = [
     "Countdown",
     "Formatting",
     "ReasoningGym",
+    "SpanGrounding",
+    "KINDS_OF_SPANS",
     "TASKS",
     "get_task",
     "SPLITS",
@@ -62,6 +67,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "game24": functools.partial(Countdown.create, "game24"),
     "formatting": Formatting.create,
     "reasoning_gym": ReasoningGym.create,
+    "span_grounding": SpanGrounding.create,
 }
 
 

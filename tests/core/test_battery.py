@@ -278,6 +278,10 @@ R.update({
                             lambda s: [_scores(s), lengths(s)[0], lengths(s + 1)[0] * _scores(s + 2)], None),
     "hapo_history_update": (lambda h, c, l: C.hapo_history_update(h, c > 0, l, GID, NG),
                             lambda s: [lengths(s)[0][:NG] * _scores(s + 1)[:NG], _scores(s), lengths(s + 2)[0]], None),
+    "region_consistency_reward": (lambda st, en, v: C.region_consistency_reward(st, en, np.ones(B, bool), GID, NG,
+                                                                               grid=8, valid=v),
+                                  lambda s: [_rng(s).integers(0, 4, B).astype(np.int32),
+                                             _rng(s).integers(3, 8, B).astype(np.int32), np.ones(B, bool)], 2),
     "self_play_win_rate": (lambda p, v: C.self_play_win_rate(p, GID, NG, valid=v),
                            lambda s: [_rng(s).uniform(0, 1, (B, B)).astype(np.float32), np.ones(B, bool)], 1),
 })

@@ -199,3 +199,24 @@ def test_interleaved_length_cap_by_hand():
                      (dict(compress_steps=0, expand_steps=0), "must be >= 1"), (dict(shape="step"), "shape must be")]:
         with pytest.raises(ValueError, match=msg):
             cap(0, **{**kw, **bad})
+
+
+def test_region_consistency_reward_hand_values_and_identities():
+    # one group of four: [2, 4], [3, 4], [3, 5], no region. Votes (K = 4): cell 2: 1/4, 3: 3/4, 4: 3/4, 5: 1/4
+    st, en = np.array([2, 3, 3, 0], np.int32), np.array([4, 4, 5, 0], np.int32)
+    has = np.array([1, 1, 1, 0], bool)
+    close(C.region_consistency_reward(st, en, has, G1, 1, grid=8),
+          [(0.25 + 0.75 + 0.75) / 3, 0.75, (0.75 + 0.75 + 0.25) / 3, 0.0])
+    # unanimous: 1 each; disjoint: 1/K each
+    same = C.region_consistency_reward(np.full(4, 1, np.int32), np.full(4, 3, np.int32), np.ones(4, bool), G1, 1, grid=8)
+    close(same, np.ones(4))
+    apart = C.region_consistency_reward(np.array([0, 2, 4, 6], np.int32), np.array([1, 3, 5, 7], np.int32),
+                                        np.ones(4, bool), G1, 1, grid=8)
+    close(apart, np.full(4, 0.25))
+    # groups vote separately; an invalid row neither votes nor counts in K; start > end is no region
+    gid = np.array([0, 0, 1, 1], np.int32)
+    r = C.region_consistency_reward(np.array([1, 1, 1, 5], np.int32), np.array([2, 2, 2, 3], np.int32),
+                                    np.ones(4, bool), gid, 2, grid=8, valid=np.array([1, 1, 1, 0], bool))
+    close(r, [1.0, 1.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="grid"):
+        C.region_consistency_reward(st, en, has, G1, 1, grid=0)

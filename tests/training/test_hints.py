@@ -11,6 +11,7 @@ from jaxrl_llm.data.pipeline import PromptBatch
 from test_rl_recipes_extra import TARGET, make
 
 ghpo = HINTS["ghpo"].fn
+pope = HINTS["pope"].fn
 
 
 def _x(values, gid, raws, sols, stage=0, hinted=(), step=0):
@@ -37,6 +38,26 @@ def test_ghpo_rules_by_hand():
         ghpo(_x(vals, gid, raws, sols), column="answer")
     with pytest.raises(ValueError, match="fractions"):
         ghpo(_x(vals, gid, raws, sols), fractions=[0.0])
+
+
+def test_pope_grows_the_oracle_prefix_until_a_problem_is_solved():
+    raws, sols = ["q0", "q1", "q2"], ["abcdefgh", "xyz", "0123456789abcdef"]
+    gid = [0, 0, 1, 1, 2, 2]
+    # stage 0: hard problems (every response <= 0: 0 and 2) get the shortest prefix, 12.5% of the characters
+    got = pope(_x([0, 0, 1, 0, 0, -1], gid, raws, sols), template="|")
+    assert got == {0: "q0|a", 2: "q2|01"}
+    # stage 1: problem 0 was solved with 12.5% (minimally sufficient: it stops); 2 still fails -> 25%
+    got = pope(_x([1, 0, 1, 0, 0, 0], gid, raws, sols, stage=1, hinted={0, 2}), template="|")
+    assert got == {2: "q2|0123"}
+    got = pope(_x([0, 0, 1, 0, 0, 0], gid, raws, sols, stage=3, hinted={2}), template="|")
+    assert got == {2: "q2|" + "0123456789abcdef"[:12]}  # only problems hinted before and still failing
+    assert pope(_x([0, 0, 1, 0, 0, 0], gid, raws, sols, stage=4, hinted={2}), template="|") == {}
+    # the default instruction asks the model to continue the solution
+    assert pope(_x([0, 0], [0, 0], ["q"], ["abcdefgh"]))[0].startswith("q\nBelow is the beginning of a correct")
+    with pytest.raises(ValueError, match="must increase"):
+        pope(_x([0, 0], [0, 0], ["q"], ["ab"]), fractions=[0.5, 0.25])
+    with pytest.raises(ValueError, match="recipe.hints=pope reads the reference solution from data column 'sol'"):
+        pope(_x([0, 0], [0, 0], ["q"], ["ab"]), column="sol")
 
 
 class HintData:

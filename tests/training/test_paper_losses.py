@@ -123,6 +123,11 @@ def test_shaping_parts_write_the_methods_rewards():
     np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x, empty_reward_zero=False, threshold=False), [.25] * 4)
     x = _inputs([1, 0, 0, 1], [1] * 4)
     np.testing.assert_allclose(x.scores + SHAPING["self_play"].fn(x), [5 / 6, 1 / 6, 1 / 6, 5 / 6], atol=1e-6)
+    # GUI-RCPO: the last [start, end] of each completion; [3, 1] and no brackets are no region
+    x = _inputs([1, 0, 0, 1], [1] * 4, texts=["[0, 9] then [2, 3]", "at [2,3]", "[3, 1]", "none"])
+    np.testing.assert_allclose(x.scores + SHAPING["region_consistency"].fn(x), [0.5, 0.5, 0, 0])
+    with pytest.raises(ValueError, match="max_cells"):
+        SHAPING["region_consistency"].fn(_inputs([0] * 4, [1] * 4, texts=["[0, 99999]"] * 4))
     x = _inputs([1, 1, 1, 0, 1, 0, 0, 0], [3, 5, 2, 4, 3, 5, 2, 4])
     np.testing.assert_allclose(x.scores + SHAPING["grpo_lambda"].fn(x), core.grpo_lambda_reward(
         x.scores > 0, np.asarray(x.lengths, np.float32), np.repeat([0, 1], 4), 2), atol=1e-6)
