@@ -110,6 +110,22 @@ PREFERENCE_LOSSES.register(Part(
     note="per-token weights 1 +- alpha beta log(pi_rm / pi_ref) from the auxiliary model (model.aux_params: a DPO "
          "model) on the chosen / rejected tokens"))
 
+@_wraps(core.c3po_loss)
+def c3po(logps, counts, batch, **kw):
+    ref = batch["ref_logps"]
+    return core.c3po_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], counts[:, 0], batch["scope"], **kw)
+
+
+PREFERENCE_LOSSES.register(Part(
+    "c3po", c3po,
+    paper="RLVF: Learning from Verbal Feedback without Overgeneralization (C3PO; Stephan et al.), arXiv:2402.10893",
+    core=("c3po_loss", "sigmoid_dpo_loss"), requires=frozenset({"ref_logps", "scope"}), methods=(51,),
+    verified="hand values, paper identity (all pairs in scope: DPO, TRL)",
+    tests="tests/core/test_preference.py, tests/training/test_c3po.py", flags=(("paired", True),),
+    note="each pair's scope from the data column data.scope_field (in / near / out): DPO on in-scope pairs, the "
+         "per-token NLL of the original model's response (the chosen completion) on near- and out-of-scope "
+         "pairs, weighted near_coef / out_coef; the synthetic data generation is not reproduced"))
+
 PREFERENCE_LOSSES.register(Part(
     "spin", _paired_dpo(core.sigmoid_dpo_loss),
     paper="Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models (SPIN, Chen et al.), "

@@ -35,6 +35,7 @@ from jaxrl_llm.core import _checks
 from jaxrl_llm.core.stats import safe_divide
 
 __all__ = [
+    "c3po_loss",
     "tgdpo_token_weights",
     "tgdpo_loss",
     "PreferenceOutput",
@@ -225,6 +226,68 @@ def sigmoid_dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejecte
     beta, pc, pr, c, r, _, _ = _dpo_inputs(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
                                            chosen_lengths, rejected_lengths, beta)
     return _dpo_output(_smoothed_sigmoid_loss(beta * (c - r), eps), beta, c, r, pc, pr)
+
+
+#: C3PO's prompt scopes (the ``scope`` column): the feedback applies; a near-scope prompt it must
+#: not change; an unrelated prompt
+C3PO_SCOPES = ("in", "near", "out")
+
+
+def c3po_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, scope, *,
+              beta: float = 0.1, near_coef: float = 1.0, out_coef: float = 1.0) -> PreferenceOutput:
+    """C3PO (RLVF): learn a verbal feedback where it applies, and nowhere else.
+
+    Each pair carries a ``scope``: 0 (*in-scope*: the feedback applies; chosen = the response
+    revised to follow it, rejected = the original response), 1 (*near-scope*: a related prompt the
+    feedback must not touch) or 2 (*out-of-scope*: an unrelated prompt). The per-pair loss is
+
+    - in-scope: DPO's logistic loss ``-log sigmoid(beta (c - r))``;
+    - near-scope: ``near_coef`` times the per-token negative log-likelihood of the chosen
+      completion, which is the *original* model's own response there;
+    - out-of-scope: the same with ``out_coef``;
+
+    so the policy moves on in-scope prompts and is held to the original model's behaviour on
+    the others (the overgeneralisation the paper measures). The batch mean of these losses is
+    ``E[in] L_DPO + near_coef E[near] L_SFT + out_coef E[out] L_SFT`` under the data mixture:
+    the paper's ``L_DPO + lambda_1 L_near + lambda_2 L_out`` with per-subset means corresponds
+    to ``near_coef = lambda_1 n_in / n_near`` (and likewise for ``out``) at the mixture's counts.
+    The rejected completion of a near- or out-of-scope pair is not used (give it any text).
+
+    Paper: Stephan, Zhu, Chen et al., "RLVF: Learning from Verbal Feedback without
+    Overgeneralization" (C3PO), arXiv:2402.10893. Its synthetic data (GPT-4 writing in-, near-
+    and out-of-scope prompts and revised responses) is not reproduced; the coefficients'
+    defaults are ours (the paper's values were not available to us). Identity: with every pair
+    in scope this is DPO's sigmoid loss (TRL's ``loss_type="sigmoid"``).
+
+    Args:
+      chosen_logps ... ref_rejected_logps: ``[B]`` summed log-likelihoods.
+      chosen_lengths: ``[B]`` token counts of the chosen completions.
+      scope: ``[B]`` int in ``{0, 1, 2}``.
+
+    Returns:
+      :class:`PreferenceOutput`; metrics add ``c3po_in_loss``, ``c3po_near_nll``,
+      ``c3po_out_nll`` (means over their pairs, 0 without any).
+    """
+    for name, v in (("near_coef", near_coef), ("out_coef", out_coef)):
+        _checks.check_positive(name, v, allow_zero=True)
+    beta, pc, pr, c, r, len_c, _ = _dpo_inputs(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
+                                               chosen_lengths, chosen_lengths, beta)
+    _checks.check_rank("scope", scope, 1)
+    _checks.check_int("scope", scope)
+    sc = jnp.asarray(scope, jnp.int32)
+    dpo = -_log_sigmoid(beta * (c - r))
+    nll = -pc / jnp.maximum(len_c, 1.0)
+    inn, near, out = sc == 0, sc == 1, sc == 2
+    losses = jnp.where(inn, dpo, jnp.where(near, near_coef * nll, jnp.where(out, out_coef * nll, 0.0)))
+    res = _dpo_output(losses, beta, c, r, pc, pr)
+
+    def mean(x, sel):
+        sel = sel.astype(jnp.float32)
+        return _sg(jnp.sum(jnp.where(sel > 0, x, 0.0)) / jnp.maximum(jnp.sum(sel), 1.0))
+
+    res.metrics.update({"c3po_in_loss": mean(dpo, inn), "c3po_near_nll": mean(nll, near),
+                        "c3po_out_nll": mean(nll, out)})
+    return res
 
 
 def robust_dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths=None,

@@ -377,6 +377,21 @@ class PreferenceDataConfig(_PipelineConfig):
     rejected_field: str = "rejected"
     max_length: int = 1024
     length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+    #: C3PO: the field giving each pair's scope, ``in`` / ``near`` / ``out`` (or 0 / 1 / 2); None: no scope
+    scope_field: str | None = None
+
+
+#: the scope names of C3PO's pairs, in the order of their codes
+SCOPES = ("in", "near", "out")
+
+
+def _scope(rec: dict, field: str) -> int:
+    v = _field(rec, field)
+    if isinstance(v, str) and v.strip().lower() in SCOPES:
+        return SCOPES.index(v.strip().lower())
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(SCOPES):
+        return v
+    raise DataError(f"{rec[WHERE]}: field {field!r} must be one of {', '.join(SCOPES)} (or 0, 1, 2), got {v!r}")
 
 
 @dataclasses.dataclass
@@ -389,6 +404,8 @@ class PreferenceBatch:
     mask: np.ndarray
     loss_mask: np.ndarray
     where: list[str]
+    #: ``[B]`` C3PO's scope code of each pair (``PreferenceDataConfig.scope_field``), or None
+    scope: np.ndarray | None = None
 
     @property
     def num_pairs(self) -> int:
@@ -404,7 +421,8 @@ def _pair_collate(pad: int, buckets: Sequence[int], max_length: int):
         loss = mask.copy()
         for i, s in enumerate(starts):
             loss[i, :s] = False
-        return PreferenceBatch(tokens, mask, loss, [it["where"] for it in items])
+        scope = np.array([it["scope"] for it in items], np.int32) if "scope" in items[0] else None
+        return PreferenceBatch(tokens, mask, loss, [it["where"] for it in items], scope)
     return collate
 
 
@@ -423,7 +441,10 @@ def preference_dataset(source: Any, tokenizer: Any, config: PreferenceDataConfig
         n = len(p) + max(len(c), len(r))
         if n > cfg.max_length:
             return _Skip("too_long", rec[WHERE], f"pair has {n} tokens > max_length={cfg.max_length}")
-        return {"prompt": p, "chosen": c, "rejected": r, "where": rec[WHERE]}
+        item = {"prompt": p, "chosen": c, "rejected": r, "where": rec[WHERE]}
+        if cfg.scope_field is not None:
+            item["scope"] = _scope(rec, cfg.scope_field)
+        return item
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
     collate = _pair_collate(pad, cfg.length_buckets, cfg.max_length)

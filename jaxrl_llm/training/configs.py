@@ -401,6 +401,8 @@ class PairsSpec:
     (``keep_previous``, the authors' data schedule). Otherwise ``source`` is a file or folder of
     rows with ``prompt``, ``chosen``, ``rejected`` (jsonl, parquet, a saved HF dataset) and
     ``eval_source`` the held-out pairs. ``batch_size``: pairs per optimiser step.
+    ``scope_field``: the row field giving each pair's scope (``in`` / ``near`` / ``out``), read by
+    ``recipe.loss=c3po``.
     """
 
     source: str = "self"
@@ -412,6 +414,7 @@ class PairsSpec:
     batch_size: int = 32
     iterations: int = 1
     keep_previous: bool = True
+    scope_field: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,6 +127,8 @@ class PreferenceObjective:
     name: str = ""
     token_weighted: bool = False
     coupled: bool = False
+    #: further per-pair columns the loss reads (its part's ``requires``: C3PO's ``scope [B]``)
+    extra_keys: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.name:
@@ -140,7 +142,8 @@ class PreferenceObjective:
             raise ValueError(f"PreferenceObjective.chunk_size must be >= 1, got {self.chunk_size}")
         # run the loss once on a dummy pair: bad hyper-parameters fail here
         one = jnp.ones((1, 2), jnp.float32)
-        dummy = {"ref_logps": -one, "desirable": jnp.ones((1,), bool), "kl_ref_point": jnp.zeros((1,), jnp.float32)}
+        dummy = {"ref_logps": -one, "desirable": jnp.ones((1,), bool), "kl_ref_point": jnp.zeros((1,), jnp.float32),
+                 **{k: jnp.zeros((1,), jnp.int32) for k in self.extra_keys}}
         try:
             if self.paired:
                 self.loss(-one, one, dummy)
@@ -155,6 +158,7 @@ class PreferenceObjective:
         """The arrays the batch must hold (see the module docstring for their shapes)."""
         keys = ("tokens", "mask", "loss_mask") + (("ref_logps",) if self.needs_reference else ())
         keys += ("token_weights",) if self.token_weighted else ()
+        keys += tuple(k for k in self.extra_keys if k not in keys)
         return keys + (() if self.paired else ("desirable", "kl_ref_point"))
 
     # ------------------------------------------------------------------ the objective protocol
@@ -304,6 +308,10 @@ PREFERENCE_RECIPES: dict[str, PreferenceRecipe] = {r.name: r for r in (
                      "reference point from mismatched completions"),
 )}
 
+#: batch columns the objective handles itself (the others in a loss's ``requires`` are per-pair data columns)
+_KNOWN_COLUMNS = frozenset({"ref_logps", "token_weights", "desirable", "kl_ref_point"})
+
+
 def preference_objective(loss: str, *, sft_coef: float = 0.0, chunk_size: int = 128, **loss_kwargs: Any
                          ) -> PreferenceObjective:
     """The :class:`PreferenceObjective` of the registered loss ``loss``
@@ -316,7 +324,8 @@ def preference_objective(loss: str, *, sft_coef: float = 0.0, chunk_size: int = 
         raise RegistryError(f"PreferenceObjective.loss_kwargs: {e}") from None
     return PreferenceObjective(bound, needs_reference="ref_logps" in part.requires, paired=part.flag("paired"),
                                sft_coef=sft_coef, chunk_size=chunk_size, name=loss,
-                               token_weighted=bool(part.flag("token_weights")))
+                               token_weighted=bool(part.flag("token_weights")),
+                               extra_keys=tuple(sorted(part.requires - _KNOWN_COLUMNS)))
 
 
 def preference_recipe(name: str, **overrides: Any) -> PreferenceObjective:
@@ -360,8 +369,11 @@ def preference_arrays(batch: PreferenceBatch | KTOBatch) -> dict[str, np.ndarray
 
     def pairs(x):
         return np.stack([x[:b], x[b:]], axis=1)
-    return {"tokens": pairs(np.asarray(batch.tokens, np.int32)), "mask": pairs(np.asarray(batch.mask, bool)),
-            "loss_mask": pairs(np.asarray(batch.loss_mask, bool)[:, 1:])}
+    out = {"tokens": pairs(np.asarray(batch.tokens, np.int32)), "mask": pairs(np.asarray(batch.mask, bool)),
+           "loss_mask": pairs(np.asarray(batch.loss_mask, bool)[:, 1:])}
+    if batch.scope is not None:  # C3PO's per-pair scope (data.scope_field)
+        out["scope"] = np.asarray(batch.scope, np.int32)
+    return out
 
 
 def sft_arrays(batch: SFTBatch) -> dict[str, np.ndarray]:

@@ -194,8 +194,12 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
     from jaxrl_llm.training import Checkpointer, PreferenceEvaluator, PreferenceTrainer, init_train_state
 
     p, o, buckets = cfg.pairs, cfg.optim, tuple(cfg.prompt_buckets)
+    if "scope" in getattr(objective, "extra_keys", ()) and not p.scope_field:
+        raise ConfigError(f"recipe.loss={objective.name} reads each pair's scope (in / near / out): set "
+                          f"pairs.scope_field to the field of the pair rows that gives it")
     if objective.paired:
-        dcfg = PreferenceDataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)
+        dcfg = PreferenceDataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed,
+                                    scope_field=p.scope_field or None)
         make_data = preference_dataset
     else:
         dcfg = KTODataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)

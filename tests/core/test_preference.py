@@ -388,3 +388,27 @@ def test_tgdpo_hand_values_gradients_and_dpo_limit():
     dpo = C.sigmoid_dpo_loss(uw.sum(1), ul.sum(1), zw.sum(1), zl.sum(1), beta=0.1)
     np.testing.assert_allclose(C.tgdpo_loss(uw, ul, zw, zl, vw, vl, np.ones_like(uw), np.ones_like(ul),
                                             alpha=0.0).losses, dpo.losses, rtol=1e-6)
+
+
+def test_c3po_scopes_hand_values_and_dpo_identity():
+    pc = np.array([-3.0, -4.0, -6.0, -2.0], np.float32)
+    pr = np.array([-5.0, -1.0, -9.0, -7.0], np.float32)
+    rc = np.array([-3.5, -3.0, -5.0, -2.0], np.float32)
+    rr = np.array([-4.0, -2.0, -9.0, -6.0], np.float32)
+    n = np.array([2.0, 4.0, 3.0, 1.0], np.float32)
+    every_in = P.c3po_loss(pc, pr, rc, rr, n, np.zeros(4, np.int32), beta=0.2)
+    dpo = P.sigmoid_dpo_loss(pc, pr, rc, rr, beta=0.2)
+    np.testing.assert_allclose(every_in.losses, dpo.losses, rtol=1e-6)
+    out = P.c3po_loss(pc, pr, rc, rr, n, np.array([0, 1, 2, 1], np.int32), beta=0.2, near_coef=0.5, out_coef=2.0)
+    h = 0.2 * ((-3.0 + 3.5) - (-5.0 + 4.0))
+    want = [math.log1p(math.exp(-h)), 0.5 * 4.0 / 4.0, 2.0 * 6.0 / 3.0, 0.5 * 2.0 / 1.0]
+    np.testing.assert_allclose(out.losses, want, rtol=1e-6)
+    np.testing.assert_allclose(out.metrics["c3po_near_nll"], (1.0 + 2.0) / 2, rtol=1e-6)
+    np.testing.assert_allclose(out.metrics["c3po_out_nll"], 2.0, rtol=1e-6)
+    # gradients: an out-of-scope pair pulls only the chosen (original) response's likelihood up
+    g = jax.grad(lambda c, r: jnp.sum(P.c3po_loss(c, r, rc, rr, n, np.array([2, 2, 2, 2], np.int32)).losses),
+                 argnums=(0, 1))(jnp.asarray(pc), jnp.asarray(pr))
+    np.testing.assert_allclose(g[0], -1.0 / n, rtol=1e-6)
+    assert np.all(np.asarray(g[1]) == 0)
+    with pytest.raises(ValueError, match="near_coef"):
+        P.c3po_loss(pc, pr, rc, rr, n, np.zeros(4, np.int32), near_coef=-1.0)

@@ -145,6 +145,8 @@ def _preference(r):
     gd, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
     aux = nnx.split(Transformer(CFG, rngs=nnx.Rngs(2)))[1] if obj.token_weighted else None
     arrays = pair_batch()
+    if "scope" in obj.extra_keys:  # C3PO: one pair of each scope (in, near, out)
+        arrays["scope"] = np.arange(arrays["tokens"].shape[0], dtype=np.int32) % 3
 
     class Data:  # the same pairs every step (PreferenceTrainer.train_on takes arrays)
         def get_state(self):
