@@ -41,6 +41,8 @@ SURROGATES = new_registry("policy loss", "recipe.loss",
 #: a plain-context hint part re-sampled (the loop marks them)
 LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lambda n, t: ((n,), "int32"),
                      "old_entropy": lambda n, t: ((n, t), "float32"),
+                     # PAPO: log-probs of the sampled tokens under the policy given a masked prompt
+                     "masked_logp": lambda n, t: ((n, t), "float32"),
                      # 1 on the rows sampled with a hint and trained after the plain prompt (Guide)
                      "hinted": lambda n, t: ((n,), "float32"),
                      # each reward function's score (the config-time trial assumes up to 8 functions)
@@ -72,6 +74,15 @@ for _part in (
          note="with recipe.hints=guide: PPO clip on plain rows; on the rows sampled with a hint the ratio between the "
               "plain and the hinted context, reshaped r/(r + gamma), gamma = its 0.9 percentile over the row's "
               "tokens (the code: over the micro-batch's hinted positions, padding included), unclipped"),
+    Part("papo", core.papo_loss, paper="Perception-Aware Policy Optimization for Multimodal Reasoning (PAPO; Wang "
+                                       "et al.), arXiv:2507.06448",
+         core=("papo_loss",), requires=frozenset({"masked_logp"}), methods=(8,),
+         verified="hand values, paper identity (gamma = eta = 0: PPO clip); the authors' code's k3 form and clamps "
+                  "(MikeWangWZHL/PAPO @fb63bf4)",
+         tests="tests/core/test_policy_losses.py, tests/training/test_papo.py",
+         note="PPO clip - gamma k3-KL(policy || policy given a masked prompt) + double entropy (eta_ori, eta_aug); the "
+              "image's masked patches become prompt tokens replaced by the pad token with probability mask_prob "
+              "(0.6), fresh each step; gamma 0.01, eta off (the authors' defaults)"),
     Part("gspo", core.gspo_loss, paper="Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071",
          core=("gspo_loss",), defaults=(("clip_low", 3e-4), ("clip_high", 4e-4)), verified="verl, TRL",
          tests=_T_TRL, note="variant='sequence' is GSPO proper, 'token' (default) GSPO-token"),

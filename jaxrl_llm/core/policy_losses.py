@@ -38,6 +38,7 @@ __all__ = [
     "gppo_loss",
     "gspo_loss",
     "cispo_loss",
+    "papo_loss",
     "sapo_loss",
     "gpg_loss",
     "reinforce_loss",
@@ -239,6 +240,57 @@ def gspo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 3e-4,
     met["seq_ratio_mean"] = safe_divide(jnp.sum(jnp.exp(sg(seq_lr)) * (jnp.sum(m, -1) > 0)),
                                         jnp.sum(jnp.sum(m, -1) > 0))
     return _finish(loss, m, is_weights), met
+
+
+def papo_loss(logp, old_logp, advantages, mask, *, masked_logp, gamma: float = 0.01, eta_ori: float = 0.0,
+              eta_aug: float = 0.0, mask_prob: float = 0.6, clip_low: float = 0.2, clip_high: float | None = None,
+              dual_clip: float | None = 3.0, is_weights=None):
+    """PAPO: the PPO / GRPO surrogate plus the *implicit perception loss*, which rewards the
+    policy for depending on its input, and the *double entropy* penalty against hacking it.
+
+    Per token, with ``delta_t = clamp(log pi_m(o_t) - log pi_theta(o_t), +-20)`` where
+    ``log pi_m`` (``masked_logp``, no gradient) is the log-prob of the same sampled token under
+    the policy given a *masked* input, computed once before the update:
+
+    ``kl_t = clamp(exp(delta_t) - delta_t - 1, +-10)`` (the k3 estimator of
+    ``KL(pi_theta(. | input) || pi(. | masked input))`` on tokens sampled from the policy),
+
+    ``L_t = ppo_t - gamma kl_t + eta_ori (-log pi_theta(o_t)) + eta_aug (-log pi_m(o_t))``.
+
+    Maximising the KL (its minus sign) pushes the policy's output away from what it would say
+    without the input; the entropy terms (sampled-token estimates) penalise the trivial way to
+    raise it, a flat output distribution. ``eta_aug``'s term carries no gradient here (the
+    masked log-probs are precomputed, as in the authors' default); it is kept in the value.
+    ``mask_prob`` is the share of input tokens masked, read by the loop's ``masked_logp``
+    provider (not by this function).
+
+    Paper: Wang et al., "Perception-Aware Policy Optimization for Multimodal Reasoning" (PAPO),
+    arXiv:2507.06448; code ``MikeWangWZHL/PAPO`` @fb63bf4 (``dp_actor.py``, ``core_algos.py``
+    ``compute_kl`` with ``low_var_kl``): gamma 0.01 (config default; 0.02 in the GRPO scripts),
+    eta 0.03-0.05 when on (off by default), image patches of 14 px blacked out with p = 0.6.
+    The paper masks image patches; on text the library masks prompt tokens (the provider
+    replaces each prompt token by the pad token with probability ``mask_prob``) -- the text
+    analogue. Identity: ``gamma = eta_ori = eta_aug = 0`` is PPO's clipped surrogate.
+
+    Returns:
+      ``(per_token [B, T], metrics)`` with PPO's metrics and ``papo_kl`` (mean ``kl_t``),
+      ``papo_masked_entropy`` (mean ``-log pi_m``).
+    """
+    for name, v in (("gamma", gamma), ("eta_ori", eta_ori), ("eta_aug", eta_aug)):
+        _checks.check_positive(name, v, allow_zero=True)
+    if not 0.0 < float(mask_prob) <= 1.0:
+        raise ValueError(f"argument 'mask_prob' must be in (0, 1], got {mask_prob!r}")
+    per, met = ppo_clip_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip=dual_clip)
+    _checks.check_token_args(logp=logp, masked_logp=masked_logp)
+    m = _checks.as_mask(mask, _checks.as_float(logp).dtype)
+    lp = _checks.zero_outside(_checks.as_float(logp), m)
+    mlp = sg(_checks.zero_outside(_checks.as_float(masked_logp), m))
+    delta = jnp.clip(mlp - lp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    kl = jnp.clip(jnp.exp(delta) - delta - 1.0, -10.0, 10.0)
+    per = per - gamma * kl + eta_ori * (-lp) + eta_aug * (-mlp)
+    met.update({"papo_kl": sg(masked_mean(kl, m)), "papo_masked_entropy": sg(masked_mean(-mlp, m))})
+    return _finish(per, m, is_weights), met
 
 
 def cispo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,

@@ -330,6 +330,32 @@ def _old_entropy(tr, step: StepBatch) -> None:
     step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
 
 
+def mask_prompt_tokens(tokens: np.ndarray, mask: np.ndarray, prompt_len: int, key: jax.Array, prob: float,
+                       fill: int) -> tuple[np.ndarray, int]:
+    """``tokens`` with each real prompt token (column ``< prompt_len``, ``mask`` set) replaced by
+    ``fill`` with probability ``prob`` (drawn from ``key``), and the number replaced."""
+    hit = np.asarray(jax.random.bernoulli(key, prob, tokens.shape)) & np.asarray(mask, bool) & (
+        np.arange(tokens.shape[1])[None] < prompt_len)
+    return np.where(hit, fill, tokens).astype(tokens.dtype), int(hit.sum())
+
+
+@provider("masked_logp")
+def _masked_logp(tr, step: StepBatch) -> None:
+    """PAPO: log-probs of the sampled tokens under the policy before the update, given the
+    prompt with each token replaced by the pad token with probability ``mask_prob`` (the loss's
+    argument; a fresh mask each step, from the step's key). Logs the share of prompt tokens masked."""
+    a = step.arrays
+    kw = dict(tr.recipe.objective.policy_kwargs)
+    prob = float(kw.get("mask_prob", 0.6))
+    fill = int(tr.sampler.config.pad_token_id)
+    masked, n = mask_prompt_tokens(a["tokens"], a["mask"], step.prompt_len, jax.random.fold_in(step.key, 0x9A90),
+                                   prob, fill)
+    step.arrays["masked_logp"] = _target(step, tr.logp(tr.state.params, tr.frozen, masked, a["mask"],
+                                                       prompt_len=step.prompt_len, routes=a.get("routes")))
+    real = int((np.asarray(a["mask"], bool)[:, :step.prompt_len]).sum())
+    step.metrics["papo/masked_prompt_frac"] = n / max(real, 1)
+
+
 @provider("aux_logp")
 def _aux_logp(tr, step: StepBatch) -> None:
     """Log-probs of the sampled tokens under the auxiliary policy (``model.aux_params``)."""

@@ -208,6 +208,8 @@ R.update({
     "hapo_loss": (lambda lp, o, a, m: C.hapo_loss(lp, o, a, m, old_entropy=jnp.abs(o) + 0.05), tok4, 3),
     "mdpo_loss": (lambda *a: C.mdpo_loss(*a, t=0.5), tok4, 3),
     "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
+    "papo_loss": (lambda lp, o, a, m: C.papo_loss(lp, o, a, m, masked_logp=o - 0.3, gamma=0.02, eta_ori=0.05,
+                                                  eta_aug=0.05), tok4, 3),
     "etr_loss": (lambda *a: C.etr_loss(*a, scores=SCB, group_ids=GID, alpha=0.2, beta=0.5), tok4, 3),
     "r2vpo_loss": (lambda *a: C.r2vpo_loss(*a, r2vpo_lambda=np.full(B, 0.7, np.float32), delta=0.05), tok4, 3),
     "hdpo_advantages": (lambda a, f, k, v: C.hdpo_advantages(a, f, k, GID, NG, valid=v),

@@ -322,3 +322,35 @@ def test_gppo_general_form_scales_the_clipped_gradient_and_keeps_the_value():
     np.testing.assert_allclose(np.asarray(g2)[0, 2:], np.asarray(g1)[0, 2:], rtol=1e-6)  # unclipped: unchanged
     with pytest.raises(ValueError, match="'dual_clip' must be > 1, or None for no dual clip"):
         P.gppo_loss(lp, lp0, adv, m, dual_clip=1.0)
+
+
+def test_papo_hand_values_gradient_and_ppo_identity():
+    import math
+
+    lp = np.log(np.array([[0.5, 0.4, 0.9]], np.float32))
+    old = lp.copy()  # on-policy: the PPO term is -A
+    adv = np.array([[1.0, 1.0, 1.0]], np.float32)
+    m = np.array([[1, 1, 0]], np.float32)
+    mlp = np.log(np.array([[0.25, 0.4, 0.1]], np.float32))
+    per, met = P.papo_loss(lp, old, adv, m, masked_logp=mlp, gamma=0.1, eta_ori=0.05, eta_aug=0.02)
+    d0 = math.log(0.25 / 0.5)
+    kl0 = math.exp(d0) - d0 - 1.0  # 0.5 + log 2 - 1
+    want0 = -1.0 - 0.1 * kl0 + 0.05 * -math.log(0.5) + 0.02 * -math.log(0.25)
+    want1 = -1.0 - 0.0 + 0.05 * -math.log(0.4) + 0.02 * -math.log(0.4)
+    np.testing.assert_allclose(np.asarray(per), [[want0, want1, 0.0]], rtol=1e-5)
+    np.testing.assert_allclose(float(met["papo_kl"]), kl0 / 2, rtol=1e-5)
+    # gradient of the KL term w.r.t. logp: -gamma d/dlp (e^(mlp - lp) - (mlp - lp) - 1) = -gamma (1 - e^delta)
+    g = jax.grad(lambda x: jnp.sum(P.papo_loss(x, old, adv * 0, m, masked_logp=mlp, gamma=0.1)[0]))(jnp.asarray(lp))
+    np.testing.assert_allclose(np.asarray(g)[0, :2], [-0.1 * (1 - 0.5), 0.0], atol=1e-6)
+    # gamma = eta = 0: PPO's clip, value and gradient
+    rng = np.random.default_rng(0)
+    lp2 = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    old2 = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    a2 = rng.normal(size=(3, 4)).astype(np.float32)
+    m2 = np.ones((3, 4), np.float32)
+    f = lambda x: jnp.sum(P.papo_loss(x, old2, a2, m2, masked_logp=old2 - 1.0, gamma=0.0)[0])
+    g2 = lambda x: jnp.sum(P.ppo_clip_loss(x, old2, a2, m2)[0])
+    np.testing.assert_allclose(f(jnp.asarray(lp2)), g2(jnp.asarray(lp2)), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(f)(jnp.asarray(lp2)), jax.grad(g2)(jnp.asarray(lp2)), rtol=1e-6)
+    with pytest.raises(ValueError, match="mask_prob"):
+        P.papo_loss(lp, old, adv, m, masked_logp=mlp, mask_prob=0.0)
