@@ -172,6 +172,29 @@ def region_consistency(x: ShapingInputs, *, pattern: str = REGION_RE, max_cells:
     return _replace(x, r)
 
 
+def cgpo(x: ShapingInputs, *, reward_metric: str, judges: tuple = (), baseline_metric: str | None = None,
+         judge_threshold: float = 0.5) -> np.ndarray:
+    """CGPO / CRPG: the reward model's score (reward function ``reward_metric``) calibrated
+    against a baseline response's score (reward function ``baseline_metric``, e.g. one that
+    scores the data's reference answer with the same reward model; default 0) and set to 0 where
+    any judge (the reward functions named in ``judges``, a score ``< judge_threshold`` meaning a
+    violation; "does not apply" passes) flags the response
+    (:func:`jaxrl_llm.core.cgpo_calibrated_reward`)."""
+    judges = (judges,) if isinstance(judges, str) else tuple(judges)
+    r = _metric(x, reward_metric)
+    base = _metric(x, baseline_metric) if baseline_metric is not None else np.zeros_like(r)
+    feasible = np.ones(len(r), bool)
+    for j in judges:
+        if j not in x.per_fn:
+            raise ValueError(f"recipe.shaping=cgpo: judge {j!r} is not a reward function of the run; the rewards are "
+                             f"{sorted(x.per_fn)}")
+        v = np.asarray(x.per_fn[j], np.float64)
+        feasible &= np.isnan(v) | (v >= judge_threshold)
+    out = core.cgpo_calibrated_reward(jnp.asarray(r, jnp.float32), jnp.asarray(base, jnp.float32),
+                                      jnp.asarray(feasible))
+    return _replace(x, out)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -261,6 +284,13 @@ for _part in (
          note="replaces the reward by the mean vote of the group's predicted regions over the response's own region "
               "(test-time RL, no label); the screen's 2-D boxes become 1-D [start, end] spans (the span-grounding "
               "task, tasks.span_grounding); normalisations are our reading (code not available)"),
+    Part("cgpo", cgpo, paper="The Perfect Blend: Redefining RLHF with Mixture of Judges (CGPO; Xu et al.), "
+                             "arXiv:2409.20370",
+         core=("cgpo_calibrated_reward",), methods=(54,), verified="hand values",
+         tests=_T,
+         note="CRPG's reward: sigmoid(r - r_base) from a reward model's scores (reward_metric, baseline_metric: reward "
+              "functions by name), 0 where a judge (reward functions in judges, < judge_threshold) flags a "
+              "violation; not reproduced: per-task stratification and the CODPO / CRRAFT optimisers"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

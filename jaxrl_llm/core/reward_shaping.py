@@ -30,6 +30,7 @@ __all__ = [
     "empo_reward",
     "self_play_win_rate",
     "region_consistency_reward",
+    "cgpo_calibrated_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -345,6 +346,37 @@ def region_consistency_reward(starts: jnp.ndarray, ends: jnp.ndarray, has_region
     vmap_ = safe_divide(votes, k[:, None])[group_ids]
     r = safe_divide(jnp.sum(cover * vmap_, axis=1), jnp.sum(cover, axis=1))
     return sg(jnp.where(has, r, 0.0))
+
+
+def cgpo_calibrated_reward(reward: jnp.ndarray, baseline: jnp.ndarray, feasible: jnp.ndarray) -> jnp.ndarray:
+    """CGPO's calibrated, constraint-gated reward (CRPG's reward): ``sigmoid(r - r_base)`` where
+    every judge passes the response, 0 where one flags it.
+
+    ``r`` is the reward model's score of the response and ``r_base`` its score of a baseline
+    response to the same prompt (the paper: a golden or reference answer), so the calibrated
+    reward is the Bradley-Terry probability that the response beats the baseline, in ``(0, 1)``
+    and comparable across prompts. A response that violates a constraint (a *judge*: a rule or
+    an LLM checking correctness, safety, format, ...) gets 0, the least any response can get,
+    so the policy is never pushed towards a violation, however the reward model scores it (the
+    reward hacking the judges exist to stop).
+
+    Paper: Xu et al., "The Perfect Blend: Redefining RLHF with Mixture of Judges" (CGPO),
+    arXiv:2409.20370: the calibrated reward and the restriction of the policy gradient to
+    feasible responses (CRPG). Not reproduced: the per-task stratification (one optimiser and
+    reward model per task) and the CODPO / CRRAFT optimisers.
+
+    Args:
+      reward, baseline: ``[B]`` reward-model scores of the response and of the baseline.
+      feasible: ``[B]`` bool, every judge passes the response.
+
+    Returns:
+      ``[B]`` float32 in ``[0, 1)``.
+    """
+    b = _seq("reward", reward)
+    _seq("baseline", baseline, b)
+    _seq("feasible", feasible, b)
+    r = jax.nn.sigmoid(_checks.as_float(reward) - _checks.as_float(baseline))
+    return sg(jnp.where(jnp.asarray(feasible, bool), r, 0.0))
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

@@ -220,3 +220,14 @@ def test_region_consistency_reward_hand_values_and_identities():
     close(r, [1.0, 1.0, 1.0, 0.0])
     with pytest.raises(ValueError, match="grid"):
         C.region_consistency_reward(st, en, has, G1, 1, grid=0)
+
+
+def test_cgpo_calibrated_reward():
+    r = np.array([2.0, 0.0, 5.0, -1.0], np.float32)
+    base = np.array([1.0, 0.0, 0.0, -1.0], np.float32)
+    ok = np.array([1, 1, 0, 1], bool)
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    close(C.cgpo_calibrated_reward(r, base, ok), [sig(1.0), 0.5, 0.0, 0.5])
+    # a violation is below every feasible response, however high the reward model scores it
+    assert float(C.cgpo_calibrated_reward(np.array([1e3], np.float32), np.zeros(1, np.float32),
+                                          np.zeros(1, bool))[0]) == 0.0

@@ -18,6 +18,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.advantage", "arm"): {"alpha": 0.1},
             ("recipe.advantage", "d3s"): {"total_steps": 2, "samples_init": 2, "tokens_init": 0.25},
             ("recipe.shaping", "fapo"): {"flaw_metric": "calls"},
+            ("recipe.shaping", "cgpo"): {"reward_metric": "target_frac", "judges": ["calls"]},
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},
             ("recipe.loss", "hdpo"): {"answer_index": 0, "calls_index": 1},

@@ -123,6 +123,16 @@ def test_shaping_parts_write_the_methods_rewards():
     np.testing.assert_allclose(x.scores + SHAPING["empo"].fn(x, empty_reward_zero=False, threshold=False), [.25] * 4)
     x = _inputs([1, 0, 0, 1], [1] * 4)
     np.testing.assert_allclose(x.scores + SHAPING["self_play"].fn(x), [5 / 6, 1 / 6, 1 / 6, 5 / 6], atol=1e-6)
+    # CGPO: reward model "rm", baseline "rm_ref", judges "safe" (NaN: does not apply -> passes) and "fmt"
+    x = _inputs([0] * 4, [1] * 4, per_fn={"rm": np.array([2., 1., 3., 0.]), "rm_ref": np.array([1., 1., 1., 1.]),
+                                          "safe": np.array([1., np.nan, 0., 1.]), "fmt": np.array([1., 1., 1., .4])})
+    sig = lambda z: 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(x.scores + SHAPING["cgpo"].fn(x, reward_metric="rm", baseline_metric="rm_ref",
+                                                             judges=["safe", "fmt"]), [sig(1), .5, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(x.scores + SHAPING["cgpo"].fn(x, reward_metric="rm"), sig(np.array([2., 1, 3, 0])),
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="judge 'safety' is not a reward function"):
+        SHAPING["cgpo"].fn(x, reward_metric="rm", judges=["safety"])
     # GUI-RCPO: the last [start, end] of each completion; [3, 1] and no brackets are no region
     x = _inputs([1, 0, 0, 1], [1] * 4, texts=["[0, 9] then [2, 3]", "at [2,3]", "[3, 1]", "none"])
     np.testing.assert_allclose(x.scores + SHAPING["region_consistency"].fn(x), [0.5, 0.5, 0, 0])
