@@ -180,6 +180,10 @@ class Episodes:
     boundaries: list[list[int]]
     grounded: list[list[bool]]
     turn_tool_calls: list[list[int]] = dataclasses.field(default_factory=list)
+    #: per turn, the step's ``info["calls"]`` (the turn's tool calls as ``{"name", "arguments"}``)
+    turn_calls: list[list[list[dict]]] = dataclasses.field(default_factory=list)
+    #: per episode, the ``reset``'s ``info["gold_calls"]`` (a reference solution's calls), or None
+    gold_calls: list[list[dict] | None] = dataclasses.field(default_factory=list)
 
     @property
     def group_ids(self) -> np.ndarray:
@@ -274,6 +278,7 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
                     "grounded", not (info.get("invalid") or info.get("blocked")))))
                 rec.tool_calls[i] += int(info.get("tool_calls", 0))
                 rec.turn_tool_calls[i].append(int(info.get("tool_calls", 0)) if o.error is None else 0)
+                rec.turn_calls[i].append(list(info.get("calls", [])) if o.error is None else [])
                 rec.tool_errors[i] += int(info.get("tool_errors", 0))
                 if not o.done:
                     rec.observations[i].append(o.observation)
@@ -304,7 +309,8 @@ def rollout_episodes(sampler: MultiTurnSampler, params: Any, spec: EnvSpec, seed
             success=list(eb.success), terminated=list(eb.terminated), truncated=list(eb.truncated),
             context_truncated=rec.context_truncated, tool_calls=rec.tool_calls, tool_errors=rec.tool_errors,
             agent_ids=rec.agent_ids, answers=answers, boundaries=rec.boundaries, grounded=rec.grounded,
-            turn_tool_calls=rec.turn_tool_calls)
+            turn_tool_calls=rec.turn_tool_calls, turn_calls=rec.turn_calls,
+            gold_calls=[first[i].info.get("gold_calls") if first[i].error is None else None for i in range(n)])
 
 
 def _reset_mismatch(spec: EnvSpec, group: int, i: int, seed: int):
@@ -330,6 +336,7 @@ class _Recorder:
         self.boundaries: list[list[int]] = [[] for _ in range(n)]
         self.grounded: list[list[bool]] = [[] for _ in range(n)]
         self.turn_tool_calls: list[list[int]] = [[] for _ in range(n)]
+        self.turn_calls: list[list[list[dict]]] = [[] for _ in range(n)]
 
     def add_turn(self, i: int, ids: list[int], lps: list[float], k: int, stopped: bool) -> None:
         self.tokens[i] += ids

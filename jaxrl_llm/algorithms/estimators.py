@@ -57,6 +57,9 @@ response is every token after the first prompt, ``mask`` its policy tokens):
   default);
 * ``turn_tool_calls [N, K]`` float32: the tool calls the environment counted at each turn
   (``info["tool_calls"]``);
+* ``matchtir_rewards [N, K]`` float32: MatchTIR's turn rewards, each turn's tool calls matched to
+  the episode's gold calls (``reset``'s ``info["gold_calls"]``; the environment's reward for a turn
+  without calls), :func:`jaxrl_llm.rewards.tool_matching.turn_rewards`;
 * ``gt_logp [N, K + 1]`` float32: the sampling policy's mean log-prob per token of the gold
   answer (``reset``'s ``info["answer"]``) after the first prompt and after each turn.
 
@@ -118,7 +121,7 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    # [N, T] turn index of each response token (-1: observation)
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
-                                   "gt_logp": "turn_boundary", "turn_tool_calls": "turn",
+                                   "gt_logp": "turn_boundary", "turn_tool_calls": "turn", "matchtir_rewards": "turn",
                                    # SPA-RL: the progress estimator's per-turn contributions and
                                    # the environment's grounding signal (action executed), [N, K]
                                    "progress": "turn", "grounding": "turn"}

@@ -52,6 +52,7 @@ __all__ = [
     "gigpo_advantages",
     "turn_group_baseline_advantages",
     "flow_grpo_advantages",
+    "matchtir_advantages",
     "empg_advantages",
     "igpo_turn_rewards",
     "igpo_advantages",
@@ -377,6 +378,44 @@ def turn_group_baseline_advantages(turn_rewards: jnp.ndarray, turn_mask: jnp.nda
     if scale_by_std:
         adv = safe_divide(adv, jnp.where(single, 1.0, std) + epsilon)
     return _out(adv, m)
+
+
+# ----------------------------------------------------------------------------- MatchTIR
+def matchtir_advantages(turn_rewards: jnp.ndarray, turn_mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int,
+                        *, gamma: float = 0.9, traj_weight: float = 0.5, epsilon: float = 1e-6,
+                        valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """MatchTIR's dual-level advantage: the trajectory's and the turn's, averaged.
+
+    With turn rewards ``r_{i,k}`` (MatchTIR's: the matched tool calls' similarities, the answer
+    turn's outcome; :mod:`jaxrl_llm.rewards.tool_matching`) and ``R_i = sum_k r_{i,k}``:
+
+    - trajectory level: ``A^traj_i = (R_i - mean_g R) / (std_g R + epsilon)``
+      (:func:`flow_grpo_advantages` of ``R``);
+    - turn level: ``A^turn_{i,k} = (G_{i,k} - mean) / (std + epsilon)`` over the episodes of the
+      group that have turn ``k``, ``G_{i,k} = sum_{j >= k} gamma^{j - k} r_{i,j}``
+      (:func:`turn_group_baseline_advantages` with ``scale_by_std``);
+    - ``A_{i,k} = traj_weight A^traj_i + (1 - traj_weight) A^turn_{i,k}``, on every policy token of
+      turn ``k``.
+
+    Unbiased stds; a group (or a turn index) with one episode gets mean 0 and std 1, as in the
+    authors' code. Paper: Qu et al., "MatchTIR: Fine-Grained Supervision for Tool-Integrated
+    Reasoning via Bipartite Matching", arXiv:2601.10712; code ``quchangle1/MatchTIR`` @f614ce1
+    (``core_algos.py`` ``compute_grpo_outcome_advantage``: ``gamma = 0.9`` and the equal weights
+    hard-coded). Identity: ``traj_weight = 1`` is GRPO on ``R`` broadcast to the turns.
+
+    Returns:
+      ``[N, K]`` float32; no gradient.
+    """
+    if not 0.0 <= float(traj_weight) <= 1.0:
+        raise ValueError(f"argument 'traj_weight' must be in [0, 1], got {traj_weight!r}")
+    n, k = _check_turns(turn_mask, valid, turn_rewards=turn_rewards)
+    m, _ = _weights(turn_mask, valid)
+    total = jnp.sum(_turn_float(turn_rewards, m), axis=1)
+    traj = flow_grpo_advantages(total, turn_mask, group_ids, num_groups, scale_by_std=True, epsilon=epsilon,
+                                valid=valid)
+    turn = turn_group_baseline_advantages(turn_rewards, turn_mask, group_ids, num_groups, gamma=gamma,
+                                          scale_by_std=True, epsilon=epsilon, valid=valid)
+    return _out(traj_weight * traj + (1.0 - traj_weight) * turn, m)
 
 
 # ----------------------------------------------------------------------------- Flow-GRPO

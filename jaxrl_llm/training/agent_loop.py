@@ -66,7 +66,7 @@ def _entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
 
 #: estimator inputs only an agent run provides (kind in PROVIDED_INPUTS): filled by the assemble phase
 AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp",
-                "progress", "grounding", "turn_tool_calls")
+                "progress", "grounding", "turn_tool_calls", "matchtir_rewards")
 
 
 def _in_batch(tr, step) -> None:
@@ -191,6 +191,23 @@ def build_episode_batch(ep: Episodes, prompt_len: int, episode_len: int, pad_id:
             "turn_end": turn_end}
 
 
+def matchtir_turn_rewards(ep, k: int, *, assignment: str = "hungarian", unmatched: float = 0.0) -> np.ndarray:
+    """``[N, K]`` MatchTIR's turn rewards of the episodes (:func:`jaxrl_llm.rewards.tool_matching.turn_rewards`):
+    an episode whose environment gave no gold calls keeps its environment rewards."""
+    from jaxrl_llm.rewards.tool_matching import turn_rewards
+
+    out = np.zeros((len(ep.tokens), k), np.float32)
+    for i, env_r in enumerate(ep.rewards):
+        gold = ep.gold_calls[i] if i < len(ep.gold_calls) else None
+        calls = ep.turn_calls[i] if i < len(ep.turn_calls) else []
+        if gold is None or len(calls) != len(env_r):
+            r = list(env_r)
+        else:
+            r = turn_rewards(calls, gold, env_r, assignment=assignment, unmatched=unmatched)
+        out[i, :min(len(r), k)] = r[:k]
+    return out
+
+
 class AgentTrainer(RLTrainer):
     """Multi-turn RL on an environment family (module docstring): the loop of
     :class:`~jaxrl_llm.training.RLTrainer` with episodes as its rounds' rows. Its parts are the
@@ -277,6 +294,9 @@ class AgentTrainer(RLTrainer):
         turn_inputs["turn_tool_calls"] = np.zeros((len(ep.tokens), k), np.float32)
         for i, calls in enumerate(ep.turn_tool_calls):
             turn_inputs["turn_tool_calls"][i, :len(calls)] = calls[:k]
+        if "matchtir_rewards" in rec.requires:
+            turn_inputs["matchtir_rewards"] = matchtir_turn_rewards(ep, k, **{
+                a: v for a, v in rec.estimator.kwargs if a in ("assignment", "unmatched")})
         n = len(ep.tokens)
         step = StepBatch(arrays, rnd.scores, np.ones(n, bool), prompt_len, ep.prompts, ep.prompt_ids,
                          {"seed": list(ep.seeds)}, {}, inputs={k: v for k, v in turn_inputs.items()

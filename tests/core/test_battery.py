@@ -162,6 +162,8 @@ R.update({
         lambda r, m: C.turn_group_baseline_advantages(r, m, GID, NG, gamma=0.9, scale_by_std=True),
         lambda s: [_n(s, (B, T)), _mask(s)], 1),
     "flow_grpo_advantages": (lambda x, m: C.flow_grpo_advantages(x, m, GID, NG), outcome, 1),
+    "matchtir_advantages": (lambda r, m: C.matchtir_advantages(r, m, GID, NG),
+                            lambda s: [_n(s, (B, 3)), (np.arange(3)[None] < _rng(s).integers(1, 4, B)[:, None])], 1),
     "empg_advantages": (lambda a, h, m: C.empg_advantages(a, h, m, zeta=0.1),
                         lambda s: [_n(s, (B, T)), np.abs(_n(s + 1, (B, T))), _mask(s)], 2),
     "igpo_turn_rewards": (lambda lp, o, m: C.igpo_turn_rewards(lp, m, o),

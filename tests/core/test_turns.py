@@ -626,3 +626,21 @@ def test_eapo_hand_values_and_gamma_one():
     one = np.asarray(C.eapo_turn_advantages(np.array([1., 1., 0.]), tm, np.zeros(3, np.int32), 1, gamma=1.0))
     x = np.array([1, 1, 1, 1, 0, 0.])
     np.testing.assert_allclose(one[tm], (x - x.mean()) / (x.std(ddof=1) + 1e-6), atol=1e-5)
+
+
+def test_matchtir_hand_values_and_identity():
+    # one group of two episodes: turn rewards [0.5, 1.0] (two turns) and [0.0] (one turn)
+    r = np.array([[0.5, 1.0], [0.0, 0.0]], np.float32)
+    m = np.array([[1, 1], [1, 0]], bool)
+    g = np.zeros(2, np.int32)
+    out = np.asarray(TU.matchtir_advantages(r, m, g, 1, gamma=0.9))
+    # R = [1.5, 0]: unbiased std 1.0607 -> A_traj = +-0.7071; turn 0 returns [0.5 + 0.9, 0] -> +-0.7071;
+    # turn 1 only episode 0 has it: mean 0, std 1 -> its return 1.0
+    a = 1.5 / 2 / (np.std([1.5, 0.0], ddof=1) + 1e-6)
+    t0 = 1.4 / 2 / (np.std([1.4, 0.0], ddof=1) + 1e-6)
+    np.testing.assert_allclose(out, [[(a + t0) / 2, (a + 1.0) / 2], [(-a - t0) / 2, 0.0]], rtol=1e-5)
+    # traj_weight = 1: GRPO on the summed turn rewards, on every turn
+    np.testing.assert_allclose(np.asarray(TU.matchtir_advantages(r, m, g, 1, traj_weight=1.0)),
+                               np.asarray(TU.flow_grpo_advantages(r.sum(1) * np.array([1, 1]), m, g, 1)), rtol=1e-6)
+    with pytest.raises(ValueError, match="traj_weight"):
+        TU.matchtir_advantages(r, m, g, 1, traj_weight=1.5)

@@ -76,7 +76,12 @@ class ToolQuestionEnv:
         self._load(int(seed))
         self.budget.reset()
         self.turns, self.done, self.history = 0, False, []
-        return self.prompt(), {"answer": f"<answer>{self.answer}</answer>"}
+        return self.prompt(), {"answer": f"<answer>{self.answer}</answer>", "gold_calls": self.gold_calls()}
+
+    def gold_calls(self) -> list[dict]:
+        """The tool calls of a reference solution of the loaded episode (``{"name", "arguments"}``
+        each), MatchTIR's matching targets; none by default."""
+        return []
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.done:
@@ -101,6 +106,10 @@ class ToolQuestionEnv:
             else:
                 results = [self.registry.call(c, self.budget) for c in calls]
                 info["tool_calls"] = len(calls)
+                # the turn's well-formed calls (MatchTIR matches them to the gold calls); a malformed one counts as
+                # a call that matches nothing
+                info["calls"] = [{"name": c.name, "arguments": dict(c.arguments)} if isinstance(c, ToolCall)
+                                 else {"name": "", "arguments": {}} for c in calls]
                 info["tool_errors"] = sum(r.startswith("error: ") for r in results)
                 obs = "\n".join(format_tool_response(r) for r in results)
                 self.history.extend(

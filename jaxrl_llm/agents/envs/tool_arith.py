@@ -106,6 +106,14 @@ class ToolArithmetic(ToolQuestionEnv):
         pred = parse_final_number(answer)
         return pred is not None and pred == self.result
 
+    def gold_calls(self) -> list[dict]:
+        """The scripted solver's call (:func:`solve_tool_arith`): the calculator, else python."""
+        if "calculator" in self.registry:
+            return [{"name": "calculator", "arguments": {"expression": self.expression}}]
+        if "python" in self.registry:
+            return [{"name": "python", "arguments": {"code": f"print({self.expression})"}}]
+        return []
+
 
 def solve_tool_arith(env: ToolArithmetic) -> list[str]:
     """Scripted solver: a calculator call (python if there is no calculator), then the answer; with
