@@ -195,6 +195,24 @@ def cgpo(x: ShapingInputs, *, reward_metric: str, judges: tuple = (), baseline_m
     return _replace(x, out)
 
 
+def cosine_length(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, weight: float = 1.0,
+                  max_length: float = 1000.0, unit: str = "chars", min_correct: float = 0.5, max_correct: float = 1.0,
+                  min_wrong: float = -0.5, max_wrong: float = 0.0, clamp_length: bool = False) -> np.ndarray:
+    """The cosine length reward (:func:`jaxrl_llm.core.cosine_length_reward`) times ``weight`` in
+    place of the correctness reward: of reward function ``metric`` (the others kept), or of the
+    total when ``metric`` is unset. Lengths in characters of the completion (``unit="chars"``,
+    Open-RS's code) or tokens."""
+    if unit not in ("chars", "tokens"):
+        raise ValueError(f"recipe.shaping.unit must be 'chars' or 'tokens', got {unit!r}")
+    lengths = (np.array([len(c) for c in x.completions], np.float32) if unit == "chars"
+               else np.asarray(x.lengths, np.float32))
+    r = core.cosine_length_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(lengths),
+                                  max_length=max_length, min_correct=min_correct, max_correct=max_correct,
+                                  min_wrong=min_wrong, max_wrong=max_wrong, clamp_length=clamp_length)
+    replaced = _metric(x, metric)  # the correctness reward's contribution to the total, removed
+    return (weight * np.asarray(r, np.float64) - replaced).astype(np.float32)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -291,6 +309,14 @@ for _part in (
          note="CRPG's reward: sigmoid(r - r_base) from a reward model's scores (reward_metric, baseline_metric: reward "
               "functions by name), 0 where a judge (reward functions in judges, < judge_threshold) flags a "
               "violation; not reproduced: per-task stratification and the CODPO / CRRAFT optimisers"),
+    Part("cosine_length", cosine_length,
+         paper="Demystifying Long Chain-of-Thought Reasoning in LLMs (Yeo et al.), arXiv:2502.03373; as used by "
+               "Open-RS (Dang and Ngo), arXiv:2503.16219",
+         core=("cosine_length_reward",), verified="hand values (the Open-RS code's formula and defaults)",
+         tests=_T, flags=_TEXT,
+         note="replaces the correctness reward (metric) by weight x the cosine of the length: 1.0 -> 0.5 correct, "
+              "0.0 -> -0.5 wrong over max_length characters (Open-RS's code; unit=tokens for tokens); past max_length "
+              "the cosine rises again as in that code (clamp_length=true holds it); the open_rs preset's reward"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

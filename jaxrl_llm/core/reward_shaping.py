@@ -31,6 +31,7 @@ __all__ = [
     "self_play_win_rate",
     "region_consistency_reward",
     "cgpo_calibrated_reward",
+    "cosine_length_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -377,6 +378,46 @@ def cgpo_calibrated_reward(reward: jnp.ndarray, baseline: jnp.ndarray, feasible:
     _seq("feasible", feasible, b)
     r = jax.nn.sigmoid(_checks.as_float(reward) - _checks.as_float(baseline))
     return sg(jnp.where(jnp.asarray(feasible, bool), r, 0.0))
+
+
+def cosine_length_reward(correct: jnp.ndarray, lengths: jnp.ndarray, *, max_length: float, min_correct: float = 0.5,
+                         max_correct: float = 1.0, min_wrong: float = -0.5, max_wrong: float = 0.0,
+                         clamp_length: bool = False) -> jnp.ndarray:
+    """The cosine-scaled correctness reward: short correct answers earn most, long wrong ones
+    lose most.
+
+    ``r = lo + (hi - lo) (1 + cos(pi L / L_max)) / 2`` with ``(lo, hi) = (min_correct,
+    max_correct)`` for a correct answer and ``(min_wrong, max_wrong)`` for a wrong one: at
+    ``L = 0`` the reward is ``hi``, at ``L = L_max`` it is ``lo`` (1.0 -> 0.5 when correct, 0.0 ->
+    -0.5 when wrong, by default). Past ``L_max`` the cosine goes on (it rises again, back to
+    ``hi`` at ``2 L_max``), as in the code the open-r1 / Open-RS runs used; ``clamp_length``
+    holds ``L`` at ``L_max`` instead.
+
+    Papers: Yeo et al., "Demystifying Long Chain-of-Thought Reasoning in LLMs",
+    arXiv:2502.03373 (the cosine reward); used by Dang and Ngo, "Reinforcement Learning for
+    Reasoning in Small LLMs: What Works and What Doesn't" (Open-RS), arXiv:2503.16219, code
+    ``knoveleng/open-rs`` @2889c47 (``rewards.py``: these defaults, the length in characters,
+    ``max_length`` 1000, 3584 in its third experiment). Identity: ``min = max`` for both outcomes
+    gives the constant rewards ``max_correct`` / ``max_wrong`` (the plain correctness reward).
+
+    Args:
+      correct: ``[B]`` bool. lengths: ``[B]`` (characters or tokens; the caller's unit).
+      max_length: ``L_max`` > 0.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("lengths", lengths, b)
+    _checks.check_positive("max_length", max_length)
+    ln = _checks.as_float(lengths)
+    if clamp_length:
+        ln = jnp.minimum(ln, max_length)
+    c = (1.0 + jnp.cos(math.pi * ln / max_length)) / 2.0
+    ok = jnp.asarray(correct, bool)
+    lo = jnp.where(ok, min_correct, min_wrong)
+    hi = jnp.where(ok, max_correct, max_wrong)
+    return sg(lo + (hi - lo) * c)
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

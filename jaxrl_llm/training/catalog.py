@@ -93,7 +93,7 @@ def catalog(*, library_only: bool = False) -> list[dict[str, Any]]:
                  + ("" if s.shaping.name == "none" else f", shaping={s.shaping.name}")
                  + ("" if s.group_filter.name == "none" else f", group_filter={s.group_filter.name}"))
         out.append({"kind": "RL recipe preset", "key": "recipe.name", "name": name, "paper": pr.paper, "core": [],
-                    "requires": [], "defaults": {}, "methods": [],
+                    "requires": [], "defaults": {}, "methods": list(pr.methods),
                     "verified": "bitwise equal to the pre-redesign preset" if name in GOLDEN_PRESETS else "",
                     "tests": ("tests/training/test_agent_loop.py, tests/training/test_agent_runner.py"
                               if any(PROVIDED_INPUTS.get(k) in AGENT_KINDS for k in ESTIMATORS[s.advantage.name].requires)

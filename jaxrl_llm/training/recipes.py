@@ -174,6 +174,8 @@ class Preset:
     num_samples: int
     paper: str
     note: str = ""
+    #: METHODS.md numbers of the seed papers whose recipe this preset is (a recipe study)
+    methods: tuple[int, ...] = ()
 
 
 def _ppo_loss(clip_low=0.2, clip_high=None, **kw) -> Choice:
@@ -210,6 +212,32 @@ PRESETS: dict[str, Preset] = {
                    16, "DAPO (Yu et al.), arXiv:2503.14476",
                    "no dual clip (the paper's objective); dynamic sampling filters on the reward total unless "
                    "recipe.group_filter.metric names a reward function"),
+    # "GRPO-TCR" of Demystifying RL in Agentic Reasoning (Gen-Verse/Open-AgentRL @1fe5dbd, recipe/demystify/
+    # grpo_tcr_qwen3_4b.sh): token-level loss, clip-higher 0.2 / 0.28 with dual clip 10, DAPO's overlong shaping
+    # (buffer 4096 of 20480: a fifth, the overlong part's default), no KL, no entropy bonus, no dynamic sampling,
+    # 16 samples per prompt
+    "grpo_tcr": Preset(_spec("grpo_tcr", "grpo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",
+                             shaping=Choice("overlong")), 16,
+                       "Demystifying Reinforcement Learning in Agentic Reasoning (Yu et al.), arXiv:2510.11701",
+                       "GRPO-TCR from the authors' script: token-mean, clip 0.2 / 0.28, dual clip 10, overlong shaping "
+                       "(buffer a fifth of the budget, factor 1), no KL; not reproduced: the SFT start, the tool-call "
+                       "term of the wrong answers' reward (inactive in the released reward manager) and the data",
+                       methods=(245,)),
+    # Open-RS's released recipe (knoveleng/open-rs @2889c47, recipes/grpo.yaml, the third experiment): GRPO in TRL at
+    # 69ad852e (clip 0.2 without dual clip, beta 0.04 k3 KL in the loss, token-level mean over the batch, std + 1e-4),
+    # 6 samples per prompt, rewards format (x1) + cosine length (x2), cosine max length 3584 characters
+    "open_rs": Preset(dataclasses.replace(
+        _spec("open_rs", "grpo", _ppo_loss(0.2, dual_clip=None), "token-mean",
+              kl=KLSpec(coef=0.04, estimator="low_var_kl", placement="loss", controller=Choice("fixed"),
+                        bias_correction="none"),
+              shaping=Choice("cosine_length", {"weight": 2.0, "max_length": 3584.0})),
+        advantage=Choice("grpo", {"epsilon": 1e-4})), 6,
+                      "Reinforcement Learning for Reasoning in Small LLMs: What Works and What Doesn't (Open-RS; "
+                      "Dang and Ngo), arXiv:2503.16219",
+                      "the released recipe: TRL's GRPO (clip 0.2, KL 0.04, token-mean), the correctness reward "
+                      "replaced by 2 x the cosine length reward (name it in recipe.shaping.metric to keep a format "
+                      "reward beside it); not reproduced: the 7k-problem data mix, the distilled 1.5B start",
+                      methods=(88,)),
     "gspo": Preset(_spec("gspo", "grpo", Choice("gspo", {"clip_low": 3e-4, "clip_high": 4e-4}),
                          "seq-mean-token-mean"), 8,
                    "Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071"),

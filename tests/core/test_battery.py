@@ -282,6 +282,8 @@ R.update({
                             lambda s: [_scores(s), lengths(s)[0], lengths(s + 1)[0] * _scores(s + 2)], None),
     "hapo_history_update": (lambda h, c, l: C.hapo_history_update(h, c > 0, l, GID, NG),
                             lambda s: [lengths(s)[0][:NG] * _scores(s + 1)[:NG], _scores(s), lengths(s + 2)[0]], None),
+    "cosine_length_reward": (lambda c, ln: C.cosine_length_reward(c, ln, max_length=20.0),
+                             lambda s: [_rng(s).integers(0, 2, B).astype(bool), lengths(s)[0]], None),
     "cgpo_calibrated_reward": (lambda r, b, f: C.cgpo_calibrated_reward(r, b, f),
                                lambda s: [_n(s, (B,)), _n(s + 1, (B,)), _rng(s).integers(0, 2, B).astype(bool)], None),
     "region_consistency_reward": (lambda st, en, v: C.region_consistency_reward(st, en, np.ones(B, bool), GID, NG,

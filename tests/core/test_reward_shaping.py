@@ -231,3 +231,17 @@ def test_cgpo_calibrated_reward():
     # a violation is below every feasible response, however high the reward model scores it
     assert float(C.cgpo_calibrated_reward(np.array([1e3], np.float32), np.zeros(1, np.float32),
                                           np.zeros(1, bool))[0]) == 0.0
+
+
+def test_cosine_length_reward_by_hand():
+    import math
+
+    c = np.array([1, 1, 0, 0, 1], bool)
+    ln = np.array([0.0, 500.0, 0.0, 1000.0, 1500.0], np.float32)
+    want = [1.0, 0.5 + 0.5 * (1 + math.cos(math.pi / 2)) / 2, 0.0, -0.5, 0.5 + 0.5 * (1 + math.cos(1.5 * math.pi)) / 2]
+    close(C.cosine_length_reward(c, ln, max_length=1000.0), want)
+    # past max_length the authors' cosine rises again; clamped it stays at the floor
+    close(C.cosine_length_reward(c, ln, max_length=1000.0, clamp_length=True)[4], 0.5)
+    # equal bounds: the plain correctness reward
+    close(C.cosine_length_reward(c, ln, max_length=10.0, min_correct=1.0, max_correct=1.0, min_wrong=0.0,
+                                 max_wrong=0.0), c.astype(np.float32))

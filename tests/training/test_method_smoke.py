@@ -52,6 +52,8 @@ def _kind(r) -> str:
         return "rl"
     if r["key"] == "env.horizon":
         return "agent"
+    if r["key"] == "recipe.name":  # a recipe study's preset
+        return "rl"
     if r["key"] == "train.shared_prefix":
         return "feature"
     return "unknown"
@@ -73,6 +75,11 @@ def _rl(r):
     field = r["key"].split(".", 1)[1]
     kw = {"g": 4, "reward": [binary, calls, target_frac]}
     preset = "grpo"
+    if r["key"] == "recipe.name":  # a preset: the whole recipe of a paper
+        from jaxrl_llm.training.recipes import recipe
+
+        kw["ref"] = recipe(r["name"]).needs_reference  # a KL term: the reference policy
+        return [t.step() for t in [make(r["name"], **kw)] for _ in range(2)]
     if field == "advantage" and "values" in ESTIMATORS[r["name"]].requires:
         preset = "ppo"
         kw.update({k: v for k, v in PPO_KW.items() if k not in ("advantage", "reward")})

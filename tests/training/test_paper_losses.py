@@ -133,6 +133,11 @@ def test_shaping_parts_write_the_methods_rewards():
                                atol=1e-6)
     with pytest.raises(ValueError, match="judge 'safety' is not a reward function"):
         SHAPING["cgpo"].fn(x, reward_metric="rm", judges=["safety"])
+    # the cosine length reward in place of a correctness reward "acc" (characters), a format reward kept
+    x = _inputs([2, 1, 1, 0], [1] * 4, per_fn={"acc": np.array([1., 0., 1., 0.]), "fmt": np.array([1., 1., 0., 0.])},
+                texts=["", "x" * 10, "x" * 5, "x" * 10])
+    got = x.scores + SHAPING["cosine_length"].fn(x, metric="acc", weight=2.0, max_length=10.0)
+    np.testing.assert_allclose(got, [1 + 2 * 1.0, 1 + 2 * -0.5, 0 + 2 * 0.75, 0 + 2 * -0.5], atol=1e-6)
     # GUI-RCPO: the last [start, end] of each completion; [3, 1] and no brackets are no region
     x = _inputs([1, 0, 0, 1], [1] * 4, texts=["[0, 9] then [2, 3]", "at [2,3]", "[3, 1]", "none"])
     np.testing.assert_allclose(x.scores + SHAPING["region_consistency"].fn(x), [0.5, 0.5, 0, 0])
