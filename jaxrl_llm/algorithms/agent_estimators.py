@@ -211,6 +211,10 @@ def aspo(x, *, delta: float = -2.0, k: float = 0.7, correct_threshold: float = 1
                                            x["group_ids"], x.num_groups, delta=delta, k=k, valid=x.get("valid")))
 
 
+#: the matchings jaxrl_llm.rewards.tool_matching offers (the loop computes the turn rewards with it)
+MATCHTIR_ASSIGNMENTS = ("hungarian", "greedy")
+
+
 @register_estimator("matchtir", paper="MatchTIR: Fine-Grained Supervision for Tool-Integrated Reasoning via Bipartite "
                                       "Matching (Qu et al.), arXiv:2601.10712",
                     core=("matchtir_advantages", "flow_grpo_advantages", "turn_group_baseline_advantages",
@@ -227,10 +231,8 @@ def matchtir(x, *, gamma: float = 0.9, traj_weight: float = 0.5, epsilon: float 
              assignment: str = "hungarian", unmatched: float = 0.0) -> Advantages:
     """MatchTIR's dual-level advantage on its matched turn rewards (``assignment`` and
     ``unmatched`` are read by the loop, which computes the turn rewards)."""
-    from jaxrl_llm.rewards.tool_matching import ASSIGNMENTS
-
-    if assignment not in ASSIGNMENTS:
-        raise ValueError(f"recipe.advantage.assignment must be one of {ASSIGNMENTS}, got {assignment!r}")
+    if assignment not in MATCHTIR_ASSIGNMENTS:
+        raise ValueError(f"recipe.advantage.assignment must be one of {MATCHTIR_ASSIGNMENTS}, got {assignment!r}")
     adv = core.matchtir_advantages(x["matchtir_rewards"], x["turn_mask"], x["group_ids"], x.num_groups, gamma=gamma,
                                    traj_weight=traj_weight, epsilon=epsilon, valid=x.get("valid"))
     return _tokens(x, adv)

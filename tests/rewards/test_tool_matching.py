@@ -74,3 +74,10 @@ def test_the_loop_input_falls_back_to_the_env_rewards_without_gold_calls():
                                turn_calls=[[[call("calc", e="1")], []], [[]]],
                                gold_calls=[[call("calc", e="1")], None])
     np.testing.assert_allclose(matchtir_turn_rewards(ep, 3), [[1.0, 1.0, 0.0], [0.5, 0.0, 0.0]])
+
+
+def test_the_estimator_offers_the_matchings_the_rewards_module_has():
+    from jaxrl_llm.algorithms.agent_estimators import MATCHTIR_ASSIGNMENTS
+    from jaxrl_llm.rewards.tool_matching import ASSIGNMENTS
+
+    assert MATCHTIR_ASSIGNMENTS == ASSIGNMENTS
