@@ -27,7 +27,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
 __all__ = ["SURROGATES", "AGGREGATIONS", "KL_ESTIMATORS", "KL_CONTROLLERS", "IS_CORRECTIONS", "REJECTIONS",
-           "LOSS_INPUT_SHAPES", "reinforce_surrogate"]
+           "LOSS_INPUT_SHAPES", "reinforce_surrogate", "epo_surrogate"]
 
 SURROGATES = new_registry("policy loss", "recipe.loss",
                           "fn(logp, old_logp, advantages, mask, *, is_weights=None, [inputs in requires], **params) -> "
@@ -47,10 +47,28 @@ LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lamb
                      "hinted": lambda n, t: ((n,), "float32"),
                      # each reward function's score (the config-time trial assumes up to 8 functions)
                      "component_scores": lambda n, t: ((n, 8), "float32"),
+                     # EPO: each response token's turn-level historical entropy, and the phase weight (every row
+                     # the same): the loop part of recipe.loss=epo writes them
+                     "epo_entropy_ref": lambda n, t: ((n, t), "float32"),
+                     "epo_phase_weight": lambda n, t: ((n,), "float32"),
                      # R2VPO's dual variable, every row the same (the loop part recipe.loss=r2vpo keeps it)
                      "r2vpo_lambda": lambda n, t: ((n,), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
 _T_TRL = _T + ", tests/conformance/test_trl_grpo.py"
+
+
+def epo_surrogate(logp, old_logp, advantages, mask, *, entropy, old_entropy, epo_entropy_ref, epo_phase_weight,
+                  entropy_coef: float = 0.001, smooth_coef: float = 1.0, penalty: float = 0.1, band_low: float = 0.8,
+                  band_high: float = 1.2, phase_steps: int | None = None, clip_low: float = 0.2,
+                  clip_high: float | None = None, dual_clip: float | None = 3.0, is_weights=None):
+    """:func:`jaxrl_llm.core.epo_loss` in the registry's convention: ``old_entropy`` is the
+    sampling policy's entropy the loop part's history is made of, ``phase_steps`` the length of
+    the phase-weight schedule (read by the loop part; unset: weight 1)."""
+    del old_entropy, phase_steps
+    return core.epo_loss(logp, old_logp, advantages, mask, entropy=entropy, epo_entropy_ref=epo_entropy_ref,
+                         epo_phase_weight=epo_phase_weight, entropy_coef=entropy_coef, smooth_coef=smooth_coef,
+                         penalty=penalty, band_low=band_low, band_high=band_high, clip_low=clip_low,
+                         clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights)
 
 
 def reinforce_surrogate(logp, old_logp, advantages, mask, *, is_weights=None):
@@ -83,6 +101,16 @@ for _part in (
          note="PPO clip - gamma k3-KL(policy || policy given a masked prompt) + double entropy (eta_ori, eta_aug); the "
               "image's masked patches become prompt tokens replaced by the pad token with probability mask_prob "
               "(0.6), fresh each step; gamma 0.01, eta off (the authors' defaults)"),
+    Part("epo", epo_surrogate, paper="EPO: Entropy-regularized Policy Optimization for LLM Agents "
+                                                "Reinforcement Learning (Xu et al.), arXiv:2509.22576",
+         core=("epo_loss", "epo_phase_weight"),
+         requires=frozenset({"old_entropy", "epo_entropy_ref", "epo_phase_weight"}), methods=(203,),
+         verified="hand values, paper identity (coefficients 0: PPO clip); the authors' code's defaults, history "
+                  "and phase weight (WujiangXu/EPO @5b6fa98)",
+         tests="tests/core/test_policy_losses.py, tests/training/test_epo.py", flags=(("entropy", True),),
+         note="PPO clip - 0.001 H + the smoothing hinge outside [0.8, 1.2] x each turn's historical entropy (x 0.1, "
+              "x the phase weight over phase_steps when set); the released penalty is a constant without gradient: "
+              "ours is a hinge on the entropy (our decision, docstring); the history is a loop part, checkpointed"),
     Part("gspo", core.gspo_loss, paper="Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071",
          core=("gspo_loss",), defaults=(("clip_low", 3e-4), ("clip_high", 4e-4)), verified="verl, TRL",
          tests=_T_TRL, note="variant='sequence' is GSPO proper, 'token' (default) GSPO-token"),

@@ -26,6 +26,8 @@ truncated importance sampling / IcePop against sampler-trainer mismatch
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -39,6 +41,8 @@ __all__ = [
     "gspo_loss",
     "cispo_loss",
     "papo_loss",
+    "epo_loss",
+    "epo_phase_weight",
     "sapo_loss",
     "gpg_loss",
     "reinforce_loss",
@@ -291,6 +295,72 @@ def papo_loss(logp, old_logp, advantages, mask, *, masked_logp, gamma: float = 0
     per = per - gamma * kl + eta_ori * (-lp) + eta_aug * (-mlp)
     met.update({"papo_kl": sg(masked_mean(kl, m)), "papo_masked_entropy": sg(masked_mean(-mlp, m))})
     return _finish(per, m, is_weights), met
+
+
+def epo_loss(logp, old_logp, advantages, mask, *, entropy, epo_entropy_ref, epo_phase_weight,
+             entropy_coef: float = 0.001, smooth_coef: float = 1.0, penalty: float = 0.1, band_low: float = 0.8,
+             band_high: float = 1.2, clip_low: float = 0.2, clip_high: float | None = None,
+             dual_clip: float | None = 3.0, is_weights=None):
+    """EPO: PPO / GRPO with an entropy bonus and an entropy *smoothing* penalty that keeps each
+    token's entropy within a band around its turn's historical average.
+
+    ``L_t = ppo_t - entropy_coef H_t + smooth_coef w penalty s_t`` with ``H_t`` the current
+    policy's token entropy (``entropy``, with its gradient), ``h_t`` the historical mean entropy
+    of the token's turn (``epo_entropy_ref``: the mean over the run's steps so far of the batch's
+    mean entropy at that turn index, kept by the loop part of ``recipe.loss=epo``), ``w`` the
+    phase weight (``epo_phase_weight``, :func:`epo_phase_weight`) and
+
+    ``s_t = (relu(band_low h_t - H_t) + relu(H_t - band_high h_t)) / h_t``,
+
+    the relative distance of ``H_t`` outside ``[band_low h_t, band_high h_t]`` (0 inside it, and
+    where there is no history yet, ``h_t = 0``).
+
+    Paper: Xu et al., "EPO: Entropy-regularized Policy Optimization for LLM Agents Reinforcement
+    Learning", arXiv:2509.22576; code ``WujiangXu/EPO`` @5b6fa98 (``dp_actor.py``): entropy
+    coefficient 0.001, smoothing coefficient 1.0, out-of-band penalty 0.1, band 0.8 / 1.2 (the
+    yaml; the README runs use 0 / 2.0), the per-turn history and the phase weight. Our decision:
+    the released penalty is the constant ``penalty`` outside the band, built with a comparison,
+    so it has no gradient and the smoothing regulariser does not act on the policy; the paper
+    describes a regulariser that bounds the entropy near its history, so here it is the hinge
+    above, scaled by ``penalty``, whose gradient pulls ``H_t`` back into the band. Identity:
+    ``entropy_coef = smooth_coef = 0`` is PPO's clip.
+
+    Returns:
+      ``(per_token [B, T], metrics)``: PPO's metrics, ``epo_entropy`` (mean ``H_t``),
+      ``epo_out_of_band`` (share of tokens outside the band), ``epo_smooth`` (mean ``s_t``).
+    """
+    for name, v in (("entropy_coef", entropy_coef), ("smooth_coef", smooth_coef), ("penalty", penalty),
+                    ("band_low", band_low)):
+        _checks.check_positive(name, v, allow_zero=True)
+    if not float(band_high) >= float(band_low):
+        raise ValueError(f"argument 'band_high' must be >= band_low ({band_low}), got {band_high!r}")
+    per, met = ppo_clip_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip=dual_clip)
+    _checks.check_token_args(logp=logp, entropy=entropy, epo_entropy_ref=epo_entropy_ref)
+    m = _checks.as_mask(mask, _checks.as_float(logp).dtype)
+    h = _checks.zero_outside(_checks.as_float(entropy), m)
+    ref = sg(jnp.maximum(_checks.zero_outside(_checks.as_float(epo_entropy_ref), m), 0.0))
+    w = sg(jnp.max(_checks.as_float(epo_phase_weight)))
+    out = jax.nn.relu(band_low * ref - h) + jax.nn.relu(h - band_high * ref)
+    smooth = jnp.where(ref > 0, out / jnp.where(ref > 0, ref, 1.0), 0.0)
+    per = per - entropy_coef * h + smooth_coef * w * penalty * smooth
+    met.update({"epo_entropy": sg(masked_mean(h, m)), "epo_smooth": sg(masked_mean(smooth, m)),
+                "epo_out_of_band": sg(masked_mean(((smooth > 0) & (ref > 0)).astype(h.dtype), m))})
+    return _finish(per, m, is_weights), met
+
+
+def epo_phase_weight(step: int, total_steps: int) -> float:
+    """EPO's phase weight of the smoothing term at training step ``step`` of ``total_steps``
+    (the authors' code, with its epochs as steps and ``total_steps`` for its hard-coded 150):
+    ``1 - 0.2 (1 - exp(-2 e / (T/2)))`` in the first half, then ``0.8 exp(-3 (e - T/2) / (T/2))``
+    (host float)."""
+    if not (isinstance(total_steps, int) and total_steps >= 2):
+        raise ValueError(f"argument 'total_steps' must be an int >= 2, got {total_steps!r}")
+    half = total_steps / 2.0
+    e = float(step)
+    if e <= half:
+        return 1.0 - 0.2 * (1.0 - math.exp(-2.0 * e / half))
+    return 0.8 * math.exp(-3.0 * (e - half) / half)
 
 
 def cispo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,

@@ -170,8 +170,14 @@ class PolicyObjective:
     routing_replay: bool = False
     router_mismatch: bool = False
     router_aux_coef: float = 0.0
+    #: pass the current policy's token entropy (with its gradient) to the surrogate as ``entropy=``
+    #: (a surrogate flagged ``entropy``: EPO's entropy regulariser)
+    entropy_input: bool = False
 
     def __post_init__(self):
+        if self.entropy_input and self.coupled:
+            raise ValueError("PolicyObjective.entropy_input is for per-token surrogates (a coupled surrogate sees log-probs "
+                             "only)")
         if not self.router_aux_coef >= 0:
             raise ValueError(f"PolicyObjective.router_aux_coef must be >= 0, got {self.router_aux_coef!r}")
         if not (isinstance(self.rows_per_prompt, int) and self.rows_per_prompt >= 0):
@@ -246,8 +252,9 @@ class PolicyObjective:
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
         m = batch["loss_mask"]
         moe = bool(getattr(getattr(model, "cfg", None), "is_moe", False)) and not self.rows_per_prompt
-        logp, ent, router = _policy_forward(model, batch, self.chunk_size, self.temperature, self.entropy_coef != 0.0,
-                                            self.rows_per_prompt, self.routing_replay, moe)
+        logp, ent, router = _policy_forward(model, batch, self.chunk_size, self.temperature,
+                                            self.entropy_coef != 0.0 or self.entropy_input, self.rows_per_prompt,
+                                            self.routing_replay, moe)
         if self.coupled:
             # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
             # the first pass): value = the batch's loss, gradient = sum(coef * d logp)
@@ -256,8 +263,9 @@ class PolicyObjective:
             coupled = w * (lin - jax.lax.stop_gradient(lin) + jnp.sum(batch["coupled_value"]))
             total, metrics = jnp.zeros_like(logp), {}
         else:
+            extra = {"entropy": ent} if self.entropy_input else {}
             per_token, metrics = self.policy_loss(logp, batch["old_logp"], batch["advantages"], m,
-                                                  **self._loss_kwargs(batch, key))
+                                                  **self._loss_kwargs(batch, key), **extra)
             total, coupled = per_token, 0.0
             metrics = {f"policy/{k}": v for k, v in metrics.items()}
         if self.has_kl:

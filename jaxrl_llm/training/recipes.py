@@ -437,7 +437,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.advantage={est.name} compares the samples of one prompt with each other: rollout.num_samples must "
           f"be >= 2, got {num_samples} (for one sample per prompt use recipe.advantage=reinforce_pp, remax or gae)")
     loss = _bound(SURROGATES, s.loss, "recipe.loss",
-                  skip=("is_weights", "key") + tuple(sorted(SURROGATES[s.loss.name].requires)))
+                  skip=("is_weights", "key", "entropy") + tuple(sorted(SURROGATES[s.loss.name].requires)))
     _need(s.agg in AGGREGATIONS, AGGREGATIONS.unknown(s.agg))
     _need(s.old_logp in ("sampler", "recompute"), f"recipe.old_logp must be 'sampler' or 'recompute', got "
                                                   f"{s.old_logp!r}")
@@ -485,7 +485,8 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
         kl_estimator=kl.estimator, kl_coef_from_batch=adaptive and kl.placement == "loss",
         entropy_coef=float(s.entropy_coef), temperature=temperature, chunk_size=chunk_size,
         needs_key=bool(loss.part.flag("needs_key")), use_is_weights=is_w is not None,
-        kl_bias_correction=None if kl.bias_correction == "none" else kl.bias_correction)
+        kl_bias_correction=None if kl.bias_correction == "none" else kl.bias_correction,
+        entropy_input=bool(loss.part.flag("entropy")))
 
     sh = _optional(SHAPING, s.shaping, "recipe.shaping")
     shaping = () if sh is None else (sh,)
@@ -574,6 +575,8 @@ def _trial(est: Bound, loss: Bound, kl_reward: KLReward | None, num_samples: int
         raise RegistryError(f"recipe.advantage={est.name} {dict(est.kwargs)}: {e}") from None
     tok = f32((n, t), jnp.float32)
     extra = {"key": jax.random.key(0)} if loss.part.flag("needs_key") else {}
+    if loss.part.flag("entropy"):
+        extra["entropy"] = jnp.zeros((n, t), jnp.float32)
     cols = {k: f32(*LOSS_INPUT_SHAPES[k](n, t)) for k in loss.part.requires}
     try:
         jax.eval_shape(lambda a, b, c, m, kw: loss(a, b, c, m, **kw, **extra), tok, tok, tok, f32((n, t), jnp.bool_),

@@ -212,6 +212,8 @@ R.update({
     "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
     "papo_loss": (lambda lp, o, a, m: C.papo_loss(lp, o, a, m, masked_logp=o - 0.3, gamma=0.02, eta_ori=0.05,
                                                   eta_aug=0.05), tok4, 3),
+    "epo_loss": (lambda lp, o, a, m: C.epo_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1, epo_entropy_ref=jnp.abs(a) + 0.2,
+                                                epo_phase_weight=np.full(B, 0.9, np.float32)), tok4, 3),
     "etr_loss": (lambda *a: C.etr_loss(*a, scores=SCB, group_ids=GID, alpha=0.2, beta=0.5), tok4, 3),
     "r2vpo_loss": (lambda *a: C.r2vpo_loss(*a, r2vpo_lambda=np.full(B, 0.7, np.float32), delta=0.05), tok4, 3),
     "hdpo_advantages": (lambda a, f, k, v: C.hdpo_advantages(a, f, k, GID, NG, valid=v),
@@ -337,6 +339,8 @@ EXEMPT = {
     "dense_group_ids": "host-side helper over Python uids (not an array function); tested in test_shaping_stats",
     "curriculum_budget": "host-side schedule of a Python step (not an array function); tested in test_reward_shaping",
     "stage_schedule": "host-side schedule of a Python step (not an array function); tested in test_schedules",
+    "epo_phase_weight": "host-side float schedule of a Python step (not an array function); tested in "
+                        "test_policy_losses",
     "r2vpo_dual_step": "host-side float update of R2VPO's multiplier (not an array function); tested in "
                        "test_batch_losses",
     "interleaved_length_cap": "host-side schedule of a Python step (not an array function); tested in "

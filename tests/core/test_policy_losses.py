@@ -354,3 +354,45 @@ def test_papo_hand_values_gradient_and_ppo_identity():
     np.testing.assert_allclose(jax.grad(f)(jnp.asarray(lp2)), jax.grad(g2)(jnp.asarray(lp2)), rtol=1e-6)
     with pytest.raises(ValueError, match="mask_prob"):
         P.papo_loss(lp, old, adv, m, masked_logp=mlp, mask_prob=0.0)
+
+
+def test_epo_hand_values_gradient_and_ppo_identity():
+    lp = np.log(np.array([[0.5, 0.5, 0.5]], np.float32))
+    adv = np.zeros((1, 3), np.float32)
+    m = np.array([[1, 1, 1]], np.float32)
+    ent = np.array([[0.5, 1.0, 2.0]], np.float32)
+    ref = np.array([[1.0, 1.0, 1.0]], np.float32)
+    per, met = P.epo_loss(lp, lp, adv, m, entropy=ent, epo_entropy_ref=ref, epo_phase_weight=np.ones(1, np.float32),
+                          entropy_coef=0.01, smooth_coef=1.0, penalty=0.1, band_low=0.8, band_high=1.2)
+    # band [0.8, 1.2]: 0.5 is 0.3 below, 1.0 inside, 2.0 is 0.8 above (relative to h = 1)
+    np.testing.assert_allclose(np.asarray(per), [[-0.005 + 0.1 * 0.3, -0.01, -0.02 + 0.1 * 0.8]], rtol=1e-5)
+    np.testing.assert_allclose(float(met["epo_out_of_band"]), 2 / 3, rtol=1e-6)
+    # the smoothing gradient pulls the entropy back into the band: d/dH = -0.01 - 0.1 below, -0.01 + 0.1 above
+    g = jax.grad(lambda h: jnp.sum(P.epo_loss(lp, lp, adv, m, entropy=h, epo_entropy_ref=ref,
+                                              epo_phase_weight=np.ones(1, np.float32), entropy_coef=0.01)[0]))(
+        jnp.asarray(ent))
+    np.testing.assert_allclose(np.asarray(g), [[-0.11, -0.01, 0.09]], rtol=1e-5)
+    # no history yet (h = 0): no smoothing; the phase weight scales it
+    none = P.epo_loss(lp, lp, adv, m, entropy=ent, epo_entropy_ref=np.zeros((1, 3), np.float32),
+                      epo_phase_weight=np.ones(1, np.float32), entropy_coef=0.0)[0]
+    np.testing.assert_allclose(np.asarray(none), 0.0, atol=1e-7)
+    half = P.epo_loss(lp, lp, adv, m, entropy=ent, epo_entropy_ref=ref, epo_phase_weight=np.full(1, 0.5, np.float32),
+                      entropy_coef=0.0)[0]
+    np.testing.assert_allclose(np.asarray(half), [[0.015, 0.0, 0.04]], rtol=1e-5)
+    # coefficients 0: PPO's clip
+    rng = np.random.default_rng(2)
+    lp2 = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    old2 = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    a2 = rng.normal(size=(3, 4)).astype(np.float32)
+    m2 = np.ones((3, 4), np.float32)
+    e2 = rng.uniform(0.1, 2, (3, 4)).astype(np.float32)
+    np.testing.assert_allclose(P.epo_loss(lp2, old2, a2, m2, entropy=e2, epo_entropy_ref=e2 * 3,
+                                          epo_phase_weight=np.ones(3, np.float32), entropy_coef=0.0,
+                                          smooth_coef=0.0)[0], P.ppo_clip_loss(lp2, old2, a2, m2)[0], rtol=1e-6)
+    # the phase weight: the authors' schedule (150 epochs)
+    assert P.epo_phase_weight(0, 150) == 1.0
+    assert P.epo_phase_weight(75, 150) == pytest.approx(1 - 0.2 * (1 - np.exp(-2)))
+    assert P.epo_phase_weight(150, 150) == pytest.approx(0.8 * np.exp(-3))
+    with pytest.raises(ValueError, match="band_high"):
+        P.epo_loss(lp, lp, adv, m, entropy=ent, epo_entropy_ref=ref, epo_phase_weight=np.ones(1, np.float32),
+                   band_low=1.5, band_high=1.0)

@@ -19,6 +19,7 @@ from jaxrl_llm.training.parts import shaping  # noqa: F401,E402
 from jaxrl_llm.training.parts import group_filter  # noqa: F401,E402
 from jaxrl_llm.training.parts import kl_controller  # noqa: F401,E402
 from jaxrl_llm.training.parts import r2vpo  # noqa: F401,E402
+from jaxrl_llm.training.parts import epo  # noqa: F401,E402
 from jaxrl_llm.training.parts import critic  # noqa: F401,E402
 from jaxrl_llm.training.parts import progress  # noqa: F401,E402
 from jaxrl_llm.training.parts import batch_filter  # noqa: F401,E402
