@@ -13,6 +13,7 @@ and the heads over ``tensor`` (parameters keep their logical shardings).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -322,10 +323,17 @@ class Sampler:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)
 
     def __call__(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *others: Any,
-                 counts: Sequence[int] | None = None) -> Rollout:
+                 counts: Sequence[int] | None = None, temperature: float | None = None) -> Rollout:
         """Completions of ``prompts``: ``num_samples`` each, or ``counts[i]`` of prompt ``i``
         (ints >= 0 summing to ``len(prompts) * num_samples``: the same rows, divided unevenly;
-        a prompt with 0 is prefilled but gets no row). Rows are grouped by prompt, in order."""
+        a prompt with 0 is prefilled but gets no row). Rows are grouped by prompt, in order.
+        ``temperature``: this call samples at another temperature than the config's (its
+        log-probs are then of that distribution; a new compilation per temperature)."""
+        config = self.config
+        if temperature is not None and float(temperature) != config.temperature:
+            if not float(temperature) > 0:
+                raise ValueError(f"Sampler: temperature must be > 0, got {temperature!r}")
+            config = dataclasses.replace(config, temperature=float(temperature))
         b = len(prompts)
         rows, length = self._rows(b), bucket(max(len(p) for p in prompts), self.length_buckets)
         tokens, mask = pad_prompts(prompts, length, rows, self.config.pad_token_id)
@@ -341,7 +349,7 @@ class Sampler:
             kw["row_prompt"] = np.concatenate([np.repeat(np.arange(b), c), np.repeat(np.arange(b, rows), g)]
                                               ).astype(np.int32)
         if self.mesh is None:
-            out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
+            out = self._fn(self.graphdef, params, tokens, mask, key, config, *others,
                            unroll_layers=self._unroll(params, *others), **kw)
         else:
             # rows split over the context axis too: decoding has no sequence to split
@@ -352,7 +360,7 @@ class Sampler:
                 params, others = jax.device_put((params, others), state_shardings((params, others), self.mesh,
                                                                                   self.param_rules))
             with jax.set_mesh(self.mesh), logical_rules(rules):
-                out = self._fn(self.graphdef, params, tokens, mask, key, self.config, *others,
+                out = self._fn(self.graphdef, params, tokens, mask, key, config, *others,
                                unroll_layers=self._unroll(params, *others), **kw)
         n = b * self.config.num_samples
         # gather: every process gets every row (multi-host)

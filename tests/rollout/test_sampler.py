@@ -153,6 +153,22 @@ def test_reproducible_stops_and_forbidden_tokens():
         assert not np.isin(row[:n - 1], [1, 2, 3]).any()  # nothing generated after a stop
 
 
+def test_a_call_at_another_temperature_equals_a_sampler_configured_with_it():
+    import dataclasses
+
+    model = tiny_model(vocab=263, seed=4)
+    gd, params = nnx.split(model)
+    cfg = SamplingConfig(max_new_tokens=8, num_samples=2)
+    hot = Sampler(gd, dataclasses.replace(cfg, temperature=1.7))(params, PROMPTS, jax.random.key(5))
+    over = Sampler(gd, cfg)(params, PROMPTS, jax.random.key(5), temperature=1.7)
+    np.testing.assert_array_equal(np.asarray(hot.tokens), np.asarray(over.tokens))
+    np.testing.assert_allclose(np.asarray(hot.logprobs), np.asarray(over.logprobs), atol=1e-6)
+    plain = Sampler(gd, cfg)(params, PROMPTS, jax.random.key(5))
+    assert not np.allclose(np.asarray(plain.logprobs), np.asarray(over.logprobs))
+    with pytest.raises(ValueError, match="temperature"):
+        Sampler(gd, cfg)(params, PROMPTS, jax.random.key(5), temperature=0.0)
+
+
 def test_unrolled_and_scanned_layers_sample_the_same_tokens():
     model = tiny_model(vocab=263, seed=4)
     gd, params = nnx.split(model)

@@ -92,7 +92,7 @@ def _rl(r):
         kw["stop"] = True
     if field == "loss" and r["name"] == "p3o":
         kw["g"] = 2
-    if field == "replay":
+    if field == "replay" or (field == "loop_part" and r["name"] == "aepo"):
         kw["old_logp"] = "recompute"
     if field == "hints" or (field == "loss" and r["name"] == "guide"):
         from test_hints import HintData, encode

@@ -27,3 +27,4 @@ from jaxrl_llm.training.parts import shared_prefix  # noqa: F401,E402
 from jaxrl_llm.training.parts import spo_tracker  # noqa: F401,E402
 from jaxrl_llm.training.parts import prompt_value  # noqa: F401,E402
 from jaxrl_llm.training.parts import variance_filter  # noqa: F401,E402
+from jaxrl_llm.training.parts import aepo  # noqa: F401,E402
