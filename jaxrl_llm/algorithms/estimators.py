@@ -122,6 +122,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
                                    "gt_logp": "turn_boundary", "turn_tool_calls": "turn", "matchtir_rewards": "turn",
+                                   # Nash-MD: each row's preference over its mixture opponent, [N]
+                                   "nash_pref": "sequence",
                                    # SPA-RL: the progress estimator's per-turn contributions and
                                    # the environment's grounding signal (action executed), [N, K]
                                    "progress": "turn", "grounding": "turn"}
@@ -257,6 +259,20 @@ def grpo_passk(x, *, scale_by_std: bool = True, epsilon: float = 1e-6) -> Advant
 def gpg(x, *, f_norm: float = 1.0) -> Advantages:
     """GPG: group-mean baseline rescaled by the batch's share of non-zero rewards."""
     return _group(core.gpg_advantages, x, f_norm=f_norm)
+
+
+@register_estimator("nash_md", paper="Nash Learning from Human Feedback (Nash-MD; Munos et al.), arXiv:2312.00886",
+                    core=("nash_md_preference",), requires=("nash_pref",), methods=(200,),
+                    verified="TRL (NashMDTrainer: probability - 0.5 as the REINFORCE weight)",
+                    tests="tests/training/test_nash_md.py",
+                    note="A = P(y > y') - 1/2 on every response token, P from recipe.loop_part=nash_md (the mixture's "
+                         "samples scored by the run's rewards)")
+def nash_md(x) -> Advantages:
+    """Nash-MD's REINFORCE weight: the preference over the mixture's sample minus 1/2."""
+    import jax.numpy as jnp
+
+    m = x["mask"].astype(jnp.float32)
+    return Advantages((x["nash_pref"].astype(jnp.float32) - 0.5)[:, None] * m)
 
 
 @register_estimator("lite_ppo", paper="Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning "

@@ -51,6 +51,8 @@ LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lamb
                      # the same): the loop part of recipe.loss=epo writes them
                      "epo_entropy_ref": lambda n, t: ((n, t), "float32"),
                      "epo_phase_weight": lambda n, t: ((n,), "float32"),
+                     # Nash-MD: the reference policy's log-probs (its KL by REINFORCE)
+                     "ref_logp": lambda n, t: ((n, t), "float32"),
                      # R2VPO's dual variable, every row the same (the loop part recipe.loss=r2vpo keeps it)
                      "r2vpo_lambda": lambda n, t: ((n,), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
@@ -111,6 +113,13 @@ for _part in (
          note="PPO clip - 0.001 H + the smoothing hinge outside [0.8, 1.2] x each turn's historical entropy (x 0.1, "
               "x the phase weight over phase_steps when set); the released penalty is a constant without gradient: "
               "ours is a hinge on the entropy (our decision, docstring); the history is a loop part, checkpointed"),
+    Part("nash_md", core.nash_md_loss, paper="Nash Learning from Human Feedback (Nash-MD; Munos et al.), "
+                                             "arXiv:2312.00886",
+         core=("nash_md_loss", "nash_md_preference"), requires=frozenset({"ref_logp"}), methods=(200,),
+         verified="TRL (a transcription of NashMDTrainer._compute_losses @054a0dab), hand values",
+         tests="tests/core/test_policy_losses.py, tests/conformance/test_trl_nash_md.py, tests/training/test_nash_md.py",
+         note="REINFORCE on P(y > y') - 1/2 plus beta x the score-function KL to the reference, seq-mean-token-sum; "
+              "with recipe.advantage=nash_md and recipe.loop_part=nash_md (the preset recipe.name=nash_md)"),
     Part("gspo", core.gspo_loss, paper="Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071",
          core=("gspo_loss",), defaults=(("clip_low", 3e-4), ("clip_high", 4e-4)), verified="verl, TRL",
          tests=_T_TRL, note="variant='sequence' is GSPO proper, 'token' (default) GSPO-token"),

@@ -42,6 +42,8 @@ __all__ = [
     "cispo_loss",
     "papo_loss",
     "epo_loss",
+    "nash_md_loss",
+    "nash_md_preference",
     "epo_phase_weight",
     "sapo_loss",
     "gpg_loss",
@@ -361,6 +363,48 @@ def epo_phase_weight(step: int, total_steps: int) -> float:
     if e <= half:
         return 1.0 - 0.2 * (1.0 - math.exp(-2.0 * e / half))
     return 0.8 * math.exp(-3.0 * (e - half) / half)
+
+
+def nash_md_preference(scores, mixture_scores, *, temperature: float = 1.0):
+    """Nash-MD's preference of each policy sample over its mixture opponent from reward scores:
+    ``P = sigmoid((r(y) - r(y')) / temperature)`` (TRL's NashMDTrainer with a reward model:
+    ``sigmoid(model_scores - mixture_scores)``, temperature 1). ``[B]`` float32, no gradient."""
+    _checks.check_positive("temperature", temperature)
+    r, r2 = _checks.as_float(scores), _checks.as_float(mixture_scores)
+    if r.shape != r2.shape or r.ndim != 1:
+        raise ValueError(f"arguments 'scores' and 'mixture_scores' must be [B] of one shape, got {r.shape}, {r2.shape}")
+    return sg(jax.nn.sigmoid((r - r2) / temperature))
+
+
+def nash_md_loss(logp, old_logp, advantages, mask, *, ref_logp, beta: float = 0.1, is_weights=None):
+    """Nash-MD's policy loss: REINFORCE on the preference over the mixture's sample, with the KL
+    to the reference by REINFORCE too.
+
+    Per token ``L_t = -A_t logp_t + beta sg(logp_t - ref_logp_t) logp_t``, with ``A`` the
+    sequence's ``P(y > y') - 1/2`` (``recipe.advantage=nash_md``; 1/2 is the control variate);
+    summed over the response and averaged over rows (``seq-mean-token-sum``) this is TRL's
+    ``_compute_losses``: ``beta sum_t sg(log_ratio_t) logp_t - (P - 0.5) sum_t logp_t``, whose
+    gradient's KL part is the score-function gradient of ``KL(pi || pi_ref)``. ``old_logp`` is not
+    used (the method is on-policy, one update per batch), except in the ratio metrics.
+
+    Paper: Munos et al., "Nash Learning from Human Feedback", arXiv:2312.00886 (Nash-MD); code
+    TRL ``trl/experimental/nash_md/nash_md_trainer.py`` @054a0dab (``_compute_losses``): beta 0.1.
+
+    Returns:
+      ``(per_token [B, T], metrics)`` with ``nash_kl`` (mean summed log-ratio per row) and the ratio
+      metrics.
+    """
+    _checks.check_positive("beta", beta, allow_zero=True)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    _checks.check_token_args(logp=logp, ref_logp=ref_logp)
+    ref = sg(_checks.zero_outside(_checks.as_float(ref_logp), m))
+    log_ratio = sg(lp - ref)
+    per = -adv * lp + beta * log_ratio * lp
+    rows = jnp.any(m > 0, axis=1).astype(lp.dtype)
+    kl = safe_divide(jnp.sum(jnp.sum(log_ratio * m, axis=1) * rows), jnp.sum(rows))
+    met = {**ratio_metrics(lp - olp, m), "clip_frac": jnp.zeros(()), "clip_frac_lower": jnp.zeros(()),
+           "nash_kl": sg(kl)}
+    return _finish(per, m, is_weights), met
 
 
 def cispo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,

@@ -146,6 +146,52 @@ def generate(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prom
     return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, row_prompt, out.cache.routes)
 
 
+class _Mixture:
+    """Two models of one architecture decoding side by side (Nash-MD's geometric mixture): the
+    hidden states are concatenated on the feature axis and ``logits`` are ``(1 - coef) z_a +
+    coef z_b``, so :func:`prefill` and :func:`decode` run unchanged over the pair of caches."""
+
+    def __init__(self, a: Any, b: Any, coef: float):
+        self.a, self.b, self.coef, self.cfg = a, b, coef, a.cfg
+
+    def __call__(self, tokens, mask, cache=None, layers=None, prefix=None):
+        ha, ca = self.a(tokens, mask, cache=cache[0], layers=None)
+        hb, cb = self.b(tokens, mask, cache=cache[1], layers=None)
+        return jnp.concatenate([ha, hb], axis=-1), (ca, cb)
+
+    def logits(self, h):
+        d = h.shape[-1] // 2
+        return (1.0 - self.coef) * self.a.logits(h[..., :d]) + self.coef * self.b.logits(h[..., d:])
+
+
+def generate_mixture(graphdef: nnx.GraphDef, params: Any, other_params: Any, prompt_tokens: jax.Array,
+                     prompt_mask: jax.Array, key: jax.Array, config: SamplingConfig, *others: Any,
+                     coef: float) -> Rollout:
+    """:func:`generate` from the geometric mixture of two policies of one architecture:
+    next-token logits ``(1 - coef) z(params) + coef z(other_params)`` (then the config's
+    temperature and truncation), i.e. ``pi^(1 - coef) pi_other^coef`` renormalised. The
+    log-probs are the mixture's. Nash-MD samples its opponents so (``other_params``: the
+    reference policy)."""
+    a = sampling_model(graphdef, params, others, config)
+    b = sampling_model(graphdef, other_params, others, config)
+    cfg = a.cfg
+    bsz, p = prompt_tokens.shape
+    g, t = config.num_samples, config.max_new_tokens
+    caches = []
+    for _ in range(2):
+        c = init_cache(cfg, bsz, prefill_slots(p) + t)
+        valid, index = jax.lax.optimization_barrier((c.valid, c.index))  # see generate
+        caches.append(c._replace(valid=valid, index=index))
+    mix = _Mixture(a, b, coef)
+    h, caches = prefill(mix, None, prompt_tokens, prompt_mask, tuple(caches))
+    logits = jnp.repeat(mix.logits(h[:, -1]), g, axis=0)
+    caches = tuple(_repeat_rows(c, g) for c in caches)
+    out = decode(mix, None, logits, caches, jnp.zeros((bsz * g,), bool), key, config)
+    lengths = jnp.sum(out.mask, axis=-1).astype(jnp.int32)
+    return Rollout(out.tokens, out.mask, out.logprobs, lengths, out.done, jnp.repeat(jnp.arange(bsz, dtype=jnp.int32), g),
+                   None)
+
+
 #: prompts longer than this are prefilled in chunks of this many tokens
 PREFILL_CHUNK = 2048
 
@@ -311,6 +357,7 @@ class Sampler:
         self.batch_buckets = None if batch_buckets is None else tuple(sorted(batch_buckets))
         self.compiled_shapes: set[tuple[int, int]] = set()
         self._fn = jax.jit(generate, static_argnums=(0, 5), static_argnames=("unroll_layers",))
+        self._mix_fn = jax.jit(generate_mixture, static_argnums=(0, 6), static_argnames=("coef",))
         self.unroll_layers = unroll_layers
 
     def _unroll(self, params: Any, *others: Any) -> bool:
@@ -323,12 +370,15 @@ class Sampler:
         return b if self.batch_buckets is None else bucket(b, self.batch_buckets)
 
     def __call__(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *others: Any,
-                 counts: Sequence[int] | None = None, temperature: float | None = None) -> Rollout:
+                 counts: Sequence[int] | None = None, temperature: float | None = None,
+                 mixture: tuple[Any, float] | None = None) -> Rollout:
         """Completions of ``prompts``: ``num_samples`` each, or ``counts[i]`` of prompt ``i``
         (ints >= 0 summing to ``len(prompts) * num_samples``: the same rows, divided unevenly;
         a prompt with 0 is prefilled but gets no row). Rows are grouped by prompt, in order.
         ``temperature``: this call samples at another temperature than the config's (its
-        log-probs are then of that distribution; a new compilation per temperature)."""
+        log-probs are then of that distribution; a new compilation per temperature).
+        ``mixture=(other_params, coef)``: sample from the geometric mixture of ``params`` and
+        ``other_params`` (:func:`generate_mixture`; one device, no ``counts``)."""
         config = self.config
         if temperature is not None and float(temperature) != config.temperature:
             if not float(temperature) > 0:
@@ -348,7 +398,14 @@ class Sampler:
             # padded batch rows (batch buckets) continue the padding prompts, as without counts
             kw["row_prompt"] = np.concatenate([np.repeat(np.arange(b), c), np.repeat(np.arange(b, rows), g)]
                                               ).astype(np.int32)
-        if self.mesh is None:
+        if mixture is not None:
+            if self.mesh is not None or counts is not None:
+                raise ValueError("Sampler: a mixture is sampled on one device, without counts")
+            other, coef = mixture
+            if not 0.0 <= float(coef) <= 1.0:
+                raise ValueError(f"Sampler: the mixture coefficient must be in [0, 1], got {coef!r}")
+            out = self._mix_fn(self.graphdef, params, other, tokens, mask, key, config, *others, coef=float(coef))
+        elif self.mesh is None:
             out = self._fn(self.graphdef, params, tokens, mask, key, config, *others,
                            unroll_layers=self._unroll(params, *others), **kw)
         else:

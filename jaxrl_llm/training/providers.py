@@ -356,6 +356,17 @@ def _masked_logp(tr, step: StepBatch) -> None:
     step.metrics["papo/masked_prompt_frac"] = n / max(real, 1)
 
 
+@provider("nash_pref")
+def _nash_pref(tr, step: StepBatch) -> None:
+    """Nash-MD's preferences are made by its loop part (recipe.loop_part=nash_md) in the
+    assemble phase; without it the estimator has nothing to read."""
+    if "nash_pref" not in step.inputs:
+        from jaxrl_llm.config import ConfigError
+
+        raise ConfigError("recipe.advantage=nash_md reads each row's preference over a mixture sample: set "
+                          "recipe.loop_part=nash_md (or use recipe.name=nash_md)")
+
+
 @provider("aux_logp")
 def _aux_logp(tr, step: StepBatch) -> None:
     """Log-probs of the sampled tokens under the auxiliary policy (``model.aux_params``)."""

@@ -238,6 +238,13 @@ PRESETS: dict[str, Preset] = {
                       "replaced by 2 x the cosine length reward (name it in recipe.shaping.metric to keep a format "
                       "reward beside it); not reproduced: the 7k-problem data mix, the distilled 1.5B start",
                       methods=(88,)),
+    # Nash-MD as TRL's NashMDTrainer runs it (@054a0dab): one response per prompt against one of the mixture
+    # (mixture_coef 0.5), P = sigmoid(r - r') from the rewards, REINFORCE on P - 1/2 with beta 0.1 times the
+    # score-function KL to the reference, token sums averaged over rows
+    "nash_md": Preset(_spec("nash_md", "nash_md", Choice("nash_md", {"beta": 0.1}), "seq-mean-token-sum",
+                            loop_part=Choice("nash_md", {"mixture_coef": 0.5})), 1,
+                      "Nash Learning from Human Feedback (Nash-MD; Munos et al.), arXiv:2312.00886",
+                      "TRL's NashMDTrainer: the mixture's opponents, REINFORCE on P - 1/2, beta 0.1 score-function KL"),
     "gspo": Preset(_spec("gspo", "grpo", Choice("gspo", {"clip_low": 3e-4, "clip_high": 4e-4}),
                          "seq-mean-token-mean"), 8,
                    "Group Sequence Policy Optimization (Zheng et al.), arXiv:2507.18071"),

@@ -214,6 +214,8 @@ R.update({
                                                   eta_aug=0.05), tok4, 3),
     "epo_loss": (lambda lp, o, a, m: C.epo_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1, epo_entropy_ref=jnp.abs(a) + 0.2,
                                                 epo_phase_weight=np.full(B, 0.9, np.float32)), tok4, 3),
+    "nash_md_loss": (lambda lp, o, a, m: C.nash_md_loss(lp, o, a, m, ref_logp=o * 0.9), tok4, 3),
+    "nash_md_preference": (lambda r, r2: C.nash_md_preference(r, r2), lambda s: [_n(s, (B,)), _n(s + 1, (B,))], None),
     "etr_loss": (lambda *a: C.etr_loss(*a, scores=SCB, group_ids=GID, alpha=0.2, beta=0.5), tok4, 3),
     "r2vpo_loss": (lambda *a: C.r2vpo_loss(*a, r2vpo_lambda=np.full(B, 0.7, np.float32), delta=0.05), tok4, 3),
     "hdpo_advantages": (lambda a, f, k, v: C.hdpo_advantages(a, f, k, GID, NG, valid=v),

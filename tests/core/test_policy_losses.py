@@ -396,3 +396,19 @@ def test_epo_hand_values_gradient_and_ppo_identity():
     with pytest.raises(ValueError, match="band_high"):
         P.epo_loss(lp, lp, adv, m, entropy=ent, epo_entropy_ref=ref, epo_phase_weight=np.ones(1, np.float32),
                    band_low=1.5, band_high=1.0)
+
+
+def test_nash_md_hand_values():
+    lp = np.log(np.array([[0.5, 0.25]], np.float32))
+    ref = np.log(np.array([[0.25, 0.25]], np.float32))
+    m = np.ones((1, 2), np.float32)
+    adv = np.full((1, 2), 0.2, np.float32)  # P = 0.7
+    per, met = P.nash_md_loss(lp, lp, adv, m, ref_logp=ref, beta=0.1)
+    l0, l1 = np.log(0.5), np.log(0.25)
+    np.testing.assert_allclose(np.asarray(per), [[-0.2 * l0 + 0.1 * np.log(2) * l0, -0.2 * l1]], rtol=1e-6)
+    np.testing.assert_allclose(float(met["nash_kl"]), np.log(2), rtol=1e-6)
+    # the gradient: -A + beta sg(log ratio) per token
+    g = jax.grad(lambda x: jnp.sum(P.nash_md_loss(x, x, adv, m, ref_logp=ref, beta=0.1)[0]))(jnp.asarray(lp))
+    np.testing.assert_allclose(np.asarray(g), [[-0.2 + 0.1 * np.log(2), -0.2]], rtol=1e-6)
+    np.testing.assert_allclose(P.nash_md_preference(np.array([1.0, 0.0], np.float32), np.zeros(2, np.float32),
+                                                    temperature=2.0), [1 / (1 + np.exp(-0.5)), 0.5], rtol=1e-6)

@@ -169,6 +169,37 @@ def test_a_call_at_another_temperature_equals_a_sampler_configured_with_it():
         Sampler(gd, cfg)(params, PROMPTS, jax.random.key(5), temperature=0.0)
 
 
+def test_the_geometric_mixture_sampler():
+    """Nash-MD's mixture: coefficient 0 is the policy, 1 the other policy (same tokens for the same
+    key), 0.5 samples from softmax((z_a + z_b) / 2), checked by teacher forcing."""
+    a, b = tiny_model(vocab=263, seed=4), tiny_model(vocab=263, seed=9)
+    gd, pa = nnx.split(a)
+    _, pb = nnx.split(b)
+    cfg = SamplingConfig(max_new_tokens=6, num_samples=2)
+    s = Sampler(gd, cfg, length_buckets=(8,), unroll_layers=False)
+    key = jax.random.key(7)
+    for coef, ref in ((0.0, pa), (1.0, pb)):
+        mix = s(pa, PROMPTS, key, mixture=(pb, coef))
+        plain = s(ref, PROMPTS, key)
+        np.testing.assert_array_equal(np.asarray(mix.tokens), np.asarray(plain.tokens))
+        np.testing.assert_allclose(np.asarray(mix.logprobs), np.asarray(plain.logprobs), atol=2e-5)
+    half = s(pa, PROMPTS, key, mixture=(pb, 0.5))
+    toks = np.asarray(half.tokens)
+    for i, prompt in enumerate(PROMPTS):
+        for j in range(2):
+            row = i * 2 + j
+            n = int(half.lengths[row])
+            seq = jnp.asarray([list(prompt) + toks[row, :n].tolist()])
+            m = jnp.ones_like(seq, bool)
+            za = a.logits(a(seq, m)[0])[0]
+            zb = b.logits(b(seq, m)[0])[0]
+            lp = jax.nn.log_softmax((za + zb) / 2, axis=-1)
+            want = [float(lp[len(prompt) - 1 + k, toks[row, k]]) for k in range(n)]
+            np.testing.assert_allclose(np.asarray(half.logprobs)[row, :n], want, atol=2e-4)
+    with pytest.raises(ValueError, match="mixture coefficient"):
+        s(pa, PROMPTS, key, mixture=(pb, 1.5))
+
+
 def test_unrolled_and_scanned_layers_sample_the_same_tokens():
     model = tiny_model(vocab=263, seed=4)
     gd, params = nnx.split(model)

@@ -75,6 +75,9 @@ def _rl(r):
     field = r["key"].split(".", 1)[1]
     kw = {"g": 4, "reward": [binary, calls, target_frac]}
     preset = "grpo"
+    if r["name"] == "nash_md":  # its estimator, loss and loop part run together: the preset
+        kw["ref"] = True
+        return [t.step() for t in [make("nash_md", **kw)] for _ in range(2)]
     if r["key"] == "recipe.name":  # a preset: the whole recipe of a paper
         from jaxrl_llm.training.recipes import recipe
 

@@ -28,3 +28,4 @@ from jaxrl_llm.training.parts import spo_tracker  # noqa: F401,E402
 from jaxrl_llm.training.parts import prompt_value  # noqa: F401,E402
 from jaxrl_llm.training.parts import variance_filter  # noqa: F401,E402
 from jaxrl_llm.training.parts import aepo  # noqa: F401,E402
+from jaxrl_llm.training.parts import nash_md  # noqa: F401,E402
