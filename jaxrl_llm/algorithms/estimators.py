@@ -122,6 +122,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
                                    "gt_logp": "turn_boundary", "turn_tool_calls": "turn", "matchtir_rewards": "turn",
+                                   # AlignDistil: the teacher's log-prob of each sampled token and its weight w
+                                   "teacher_logp": "token", "teacher_weight": "token",
                                    # Nash-MD: each row's preference over its mixture opponent, [N]
                                    "nash_pref": "sequence",
                                    # SPA-RL: the progress estimator's per-turn contributions and

@@ -51,12 +51,24 @@ LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lamb
                      # the same): the loop part of recipe.loss=epo writes them
                      "epo_entropy_ref": lambda n, t: ((n, t), "float32"),
                      "epo_phase_weight": lambda n, t: ((n,), "float32"),
+                     # AlignDistil: the teacher's log-prob of each sampled token and its per-token weight
+                     "teacher_logp": lambda n, t: ((n, t), "float32"),
+                     "teacher_weight": lambda n, t: ((n, t), "float32"),
                      # Nash-MD: the reference policy's log-probs (its KL by REINFORCE)
                      "ref_logp": lambda n, t: ((n, t), "float32"),
                      # R2VPO's dual variable, every row the same (the loop part recipe.loss=r2vpo keeps it)
                      "r2vpo_lambda": lambda n, t: ((n,), "float32")}
 _T = "tests/core/test_policy_losses.py, tests/conformance/test_verl_conformance.py"
 _T_TRL = _T + ", tests/conformance/test_trl_grpo.py"
+
+
+def _aligndistil(logp, old_logp, advantages, mask, *, teacher_logp, teacher_weight, beta: float = 0.1,
+                 beta2: float = 15.0, is_weights=None):
+    """:func:`jaxrl_llm.core.aligndistil_loss`; ``beta2`` (the teacher's TV scale) is read by the
+    loop's teacher pass."""
+    del beta2
+    return core.aligndistil_loss(logp, old_logp, advantages, mask, teacher_logp=teacher_logp,
+                                 teacher_weight=teacher_weight, beta=beta, is_weights=is_weights)
 
 
 def epo_surrogate(logp, old_logp, advantages, mask, *, entropy, old_entropy, epo_entropy_ref, epo_phase_weight,
@@ -113,6 +125,16 @@ for _part in (
          note="PPO clip - 0.001 H + the smoothing hinge outside [0.8, 1.2] x each turn's historical entropy (x 0.1, "
               "x the phase weight over phase_steps when set); the released penalty is a constant without gradient: "
               "ours is a hinge on the entropy (our decision, docstring); the history is a loop part, checkpointed"),
+    Part("aligndistil", _aligndistil, paper="AlignDistil: Token-Level Language Model Alignment as Adaptive Policy "
+                                            "Distillation (Zhang et al.), arXiv:2503.02832",
+         core=("aligndistil_loss", "aligndistil_teacher"), requires=frozenset({"teacher_logp", "teacher_weight"}),
+         methods=(230,),
+         verified="hand values, the score-function identity (the expectation over sampled tokens is the exact "
+                  "reverse KL's gradient); the teacher and w from the authors' code (songmzhang/AlignDistil @f80ca4e)",
+         tests="tests/core/test_policy_losses.py, tests/training/test_aligndistil.py",
+         note="on-policy distillation to z* = z_dpo + w (z_dpo - z_rdpo), w = beta2 TV(pi_dpo, pi_rdpo) + 1e-3, loss "
+              "(beta / w) x the reverse KL on the sampled tokens (the authors: the full vocabulary); the DPO model is "
+              "model.aux_params, the reverse-DPO model model.reverse_params; advantages unused (no reward)"),
     Part("nash_md", core.nash_md_loss, paper="Nash Learning from Human Feedback (Nash-MD; Munos et al.), "
                                              "arXiv:2312.00886",
          core=("nash_md_loss", "nash_md_preference"), requires=frozenset({"ref_logp"}), methods=(200,),

@@ -39,7 +39,9 @@ class ModelSpec:
     the adapters only). ``aux_params``: a parameter directory of a model with the same
     architecture and parameter layout (the ``final_params/`` a preference run writes, an RL run's
     ``sft_params/``): the auxiliary policy whose per-token log-probs RTO's dense rewards and
-    TGDPO's token weights read (a DPO-trained model in those papers).
+    TGDPO's token weights read (a DPO-trained model in those papers). ``reverse_params``: the
+    same for AlignDistil's reverse-DPO model (trained on swapped preferences), its teacher's
+    second model beside ``aux_params``.
     """
 
     source: str = "smollm2"
@@ -64,6 +66,7 @@ class ModelSpec:
     num_layers: int = 2
     offload_reference: bool = False
     aux_params: str = ""
+    reverse_params: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

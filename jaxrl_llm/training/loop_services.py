@@ -38,6 +38,9 @@ def check_recipe_inputs(recipe, sampler, ref_params, aux_params, own_inputs) -> 
         raise ValueError(f"the recipe's objective computes log-probs at temperature {recipe.objective.temperature} "
                          f"but the sampler samples at {temp}: the importance ratios would be biased; build both "
                          f"from one value (build_recipe(..., temperature=sampler.config.temperature))")
+    if "teacher_logp" in recipe.requires and (aux_params is None or ref_params is None):
+        raise ValueError(f"recipe {recipe.name!r} distils AlignDistil's teacher: pass aux_params (the DPO model) and "
+                         f"ref_params (the reverse-DPO model)")
     if recipe.needs_reference and ref_params is None:
         raise ValueError(f"recipe {recipe.name!r} has a KL term (it requires ref_logp): pass ref_params")
     if "aux_logp" in recipe.requires and aux_params is None:

@@ -356,6 +356,47 @@ def _masked_logp(tr, step: StepBatch) -> None:
     step.metrics["papo/masked_prompt_frac"] = n / max(real, 1)
 
 
+@partial(jax.jit, static_argnums=(0, 6))
+def aligndistil_teacher_pass(graphdef, dpo_params, reverse_params, others, tokens, mask, beta2):
+    """``([N, L - 1] teacher log-prob of each next token, [N, L - 1] w)`` of AlignDistil's teacher
+    (:func:`jaxrl_llm.core.aligndistil_teacher`) from the two models' logits, one row at a time
+    (``[L, V]`` logits of each model at once, never ``[N, L, V]``)."""
+    from flax import nnx
+
+    from jaxrl_llm.core import aligndistil_teacher
+
+    dpo = nnx.merge(graphdef, dpo_params, *others)
+    rev = nnx.merge(graphdef, reverse_params, *others)
+    hd, _ = dpo(tokens, mask)
+    hr, _ = rev(tokens, mask)
+
+    def one(args):
+        a, b, y = args
+        return aligndistil_teacher(dpo.logits(a), rev.logits(b), y, beta2=beta2)
+
+    return jax.lax.map(one, (hd[:, :-1], hr[:, :-1], tokens[:, 1:]))
+
+
+def _aligndistil_teacher(tr, step: StepBatch) -> None:
+    """AlignDistil's teacher on the sampled tokens: the DPO model (``model.aux_params``) and the
+    reverse-DPO model (the reference slot) give each response token's teacher log-prob and its
+    weight ``w`` (``beta2``: the loss's argument)."""
+    if "teacher_logp" in step.arrays:
+        return
+    a = step.arrays
+    beta2 = float(dict(tr.recipe.objective.policy_kwargs).get("beta2", 15.0))
+    lt, w = aligndistil_teacher_pass(tr.graphdef, tr.aux_params, tr.ref_params, tr.frozen, a["tokens"], a["mask"],
+                                     beta2)
+    step.arrays["teacher_logp"] = _target(step, gather(lt))
+    step.arrays["teacher_weight"] = np.where(a["loss_mask"], np.asarray(gather(w)), 1.0).astype(np.float32)
+    cm = a["loss_mask"]
+    step.metrics["aligndistil/w_mean"] = float(np.asarray(step.arrays["teacher_weight"])[cm].mean()) if cm.any() else 0.0
+
+
+PROVIDERS["teacher_logp"] = _aligndistil_teacher
+PROVIDERS["teacher_weight"] = _aligndistil_teacher  # one pass computes both (the second call returns at once)
+
+
 @provider("nash_pref")
 def _nash_pref(tr, step: StepBatch) -> None:
     """Nash-MD's preferences are made by its loop part (recipe.loop_part=nash_md) in the

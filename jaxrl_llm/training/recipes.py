@@ -160,7 +160,7 @@ class RLRecipe:
 
     @property
     def needs_reference(self) -> bool:
-        return "ref_logp" in self.requires
+        return "ref_logp" in self.requires or "teacher_logp" in self.requires  # AlignDistil's reverse model
 
 
 # ------------------------------------------------------------------------------------ presets

@@ -433,6 +433,9 @@ def check_rl(cfg: RLRunConfig, *, n_devices: int | None = None) -> dict:
     if cfg.data.budgets and rec.group_filter.max_rounds > 1:
         raise ConfigError("data.budgets (budget variants of each question in consecutive prompt groups) cannot be "
                           "combined with a group filter, which reorders the groups")
+    if "teacher_logp" in rec.requires and not (cfg.model.aux_params and cfg.model.reverse_params):
+        raise ConfigError("recipe.loss=aligndistil distils a teacher made of a DPO model and a reverse-DPO model: set "
+                          "model.aux_params and model.reverse_params (parameter directories of preference runs)")
     if "aux_logp" in rec.requires and not cfg.model.aux_params:
         raise ConfigError(f"recipe.advantage={rec.estimator.name} reads an auxiliary policy (a DPO-trained model): set "
                           f"model.aux_params=<a parameter directory, e.g. a preference run's final_params>")
@@ -664,10 +667,14 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
             tel.log_samples(it, trainer.last_samples(4))
 
     aux_params = None
-    if "aux_logp" in rec.requires:
+    if "aux_logp" in rec.requires or "teacher_logp" in rec.requires:
         from jaxrl_llm.training.loading import load_aux_params
 
         aux_params = load_aux_params(cfg.model.aux_params, params)
+    if "teacher_logp" in rec.requires:  # AlignDistil: the reverse-DPO model takes the reference's slot
+        from jaxrl_llm.training.loading import load_aux_params
+
+        ref_params = load_aux_params(cfg.model.reverse_params, params)
     def encode(raw):  # a (hinted) prompt rendered and tokenised as the data pipeline does
         from jaxrl_llm.data.pipeline import encode_prompt
 

@@ -412,3 +412,41 @@ def test_nash_md_hand_values():
     np.testing.assert_allclose(np.asarray(g), [[-0.2 + 0.1 * np.log(2), -0.2]], rtol=1e-6)
     np.testing.assert_allclose(P.nash_md_preference(np.array([1.0, 0.0], np.float32), np.zeros(2, np.float32),
                                                     temperature=2.0), [1 / (1 + np.exp(-0.5)), 0.5], rtol=1e-6)
+
+
+def test_aligndistil_teacher_hand_values():
+    zd = np.array([[2.0, 0.0, 0.0]], np.float32)
+    zr = np.array([[0.0, 0.0, 0.0]], np.float32)
+    pd = np.exp(zd) / np.exp(zd).sum()
+    tv = np.abs(pd - 1 / 3).sum()
+    w = 15.0 * tv + 1e-3
+    zs = zd + w * (zd - zr)
+    want = zs - np.log(np.exp(zs).sum())
+    lt, ww = P.aligndistil_teacher(zd, zr, np.array([1]), beta2=15.0)
+    np.testing.assert_allclose(np.asarray(ww), [w], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(lt), [want[0, 1]], rtol=1e-5)
+    # equal models: w = eps, the teacher is the DPO model
+    lt2, w2 = P.aligndistil_teacher(zd, zd, np.array([0]))
+    np.testing.assert_allclose(np.asarray(lt2), [np.log(pd[0, 0])], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(w2), [1e-3], rtol=1e-6)
+
+
+def test_aligndistil_loss_is_the_score_function_form_of_the_reverse_kl():
+    """Summing the per-token loss's gradient over every token, weighted by the policy's
+    probability, gives the gradient of (beta / w) KL(pi || pi*) with respect to the logits."""
+    rng = np.random.default_rng(3)
+    z = jnp.asarray(rng.normal(size=5).astype(np.float32))
+    t = jax.nn.log_softmax(jnp.asarray(rng.normal(size=5).astype(np.float32)))
+    w, beta = 2.5, 0.1
+
+    def expected(zz):
+        lp = jax.nn.log_softmax(zz)
+        per, _ = P.aligndistil_loss(lp[:, None], jax.lax.stop_gradient(lp)[:, None], jnp.zeros((5, 1)), jnp.ones((5, 1)),
+                                    teacher_logp=t[:, None], teacher_weight=jnp.full((5, 1), w), beta=beta)
+        return jnp.sum(jax.lax.stop_gradient(jnp.exp(lp)) * per[:, 0])
+
+    def kl(zz):
+        lp = jax.nn.log_softmax(zz)
+        return beta / w * jnp.sum(jnp.exp(lp) * (lp - t))
+
+    np.testing.assert_allclose(jax.grad(expected)(z), jax.grad(kl)(z), rtol=1e-5, atol=1e-7)

@@ -91,6 +91,8 @@ def _rl(r):
         kw.update(old_logp="recompute", mismatch=True)
     if r["name"] in ("rto",):
         kw["aux"] = True
+    if field == "loss" and r["name"] == "aligndistil":  # the DPO model and the reverse-DPO model (reference slot)
+        kw.update(aux=True, ref=True)
     if field == "truncation":
         kw["stop"] = True
     if field == "loss" and r["name"] == "p3o":
