@@ -84,7 +84,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
 __all__ = ["Advantages", "EstimatorInputs", "ESTIMATORS", "BASE_INPUTS", "PROVIDED_INPUTS", "AGENT_KINDS",
-           "register_estimator"]
+           "register_estimator", "budget_bounds"]
 
 #: inputs every estimator receives
 BASE_INPUTS = frozenset({"scores", "mask", "valid", "group_ids"})
@@ -122,6 +122,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
                                    "gt_logp": "turn_boundary", "turn_tool_calls": "turn", "matchtir_rewards": "turn",
+                                   # BRPO: per row, the mean summary score after each thinking budget, [N, S]
+                                   "budget_scores": "components",
                                    # AlignDistil: the teacher's log-prob of each sampled token and its weight w
                                    "teacher_logp": "token", "teacher_weight": "token",
                                    # Nash-MD: each row's preference over its mixture opponent, [N]
@@ -275,6 +277,36 @@ def nash_md(x) -> Advantages:
 
     m = x["mask"].astype(jnp.float32)
     return Advantages((x["nash_pref"].astype(jnp.float32) - 0.5)[:, None] * m)
+
+
+@register_estimator("brpo", paper="Optimizing Anytime Reasoning via Budget Relative Policy Optimization "
+                                  "(AnytimeReasoner / BRPO), arXiv:2505.13438",
+                    core=("brpo_advantages", "brpo_budget_prior"), requires=("budget_scores",), group_relative=True,
+                    methods=(13,), verified="hand values; the authors' code's formula (sail-sg/AnytimeReasoner @7e3f5bb)",
+                    tests="tests/core/test_group_advantages.py, tests/training/test_brpo.py",
+                    note="with recipe.loop_part=brpo (the summaries after each budget); the thinking tokens of segment "
+                         "j (between budgets j-1 and j, budgets (j+1) T / S of the response length T) get BRPO's "
+                         "advantage; the summaries are scored, not trained (the paper trains them too)")
+def brpo(x, *, prior: str = "linear", variant: str = "brpo") -> Advantages:
+    """BRPO's segment advantages on the thinking tokens (the number of budgets is the loop
+    part's: the width of ``budget_scores``)."""
+    import jax.numpy as jnp
+
+    m = x["mask"]
+    t = m.shape[1]
+    sc = x["budget_scores"]
+    num_budgets = sc.shape[1]
+    adv = core.brpo_advantages(sc, x["group_ids"], x.num_groups, prior=core.brpo_budget_prior(num_budgets, prior),
+                               variant=variant, valid=x.get("valid"))
+    bounds = jnp.asarray(budget_bounds(t, num_budgets))
+    seg = jnp.clip(jnp.searchsorted(bounds, jnp.arange(t), side="right"), 0, num_budgets - 1)
+    return Advantages(jnp.where(m > 0, adv[:, seg], 0.0))
+
+
+def budget_bounds(length: int, num_budgets: int) -> list[int]:
+    """BRPO's budgets for responses of ``length`` tokens: ``b_j = ceil((j + 1) length / S)``, the
+    last the whole length (the thinking is cut after ``b_j`` tokens)."""
+    return [int(-(-(j + 1) * length // num_budgets)) for j in range(num_budgets)]
 
 
 @register_estimator("lite_ppo", paper="Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning "

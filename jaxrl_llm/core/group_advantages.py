@@ -41,6 +41,8 @@ __all__ = [
     "max_variance_subset",
     "d3s_mask",
     "treepo_advantages",
+    "brpo_advantages",
+    "brpo_budget_prior",
 ]
 
 
@@ -943,3 +945,68 @@ def treepo_advantages(scores, prefix_ids, mask, *, valid=None, combine: str = "a
     tok = _broadcast(adv, m, v)
     mm = m * v[:, None]
     return jax.lax.stop_gradient(masked_whiten(tok, mm) * mm)
+
+
+
+# ----------------------------------------------------------------------------- BRPO (AnytimeReasoner)
+def brpo_budget_prior(num_budgets: int, kind: str = "linear") -> jnp.ndarray:
+    """AnytimeReasoner's prior over the ``S`` thinking budgets ``b_j = (j + 1) L / S``:
+    ``uniform`` (``1 / S``), ``linear`` (``p_j`` proportional to ``b_j``) or ``base`` (all mass on
+    the last budget: plain outcome RL). ``[S]`` float32 summing to 1."""
+    if not (isinstance(num_budgets, int) and num_budgets >= 1):
+        raise ValueError(f"argument 'num_budgets' must be an int >= 1, got {num_budgets!r}")
+    if kind == "uniform":
+        p = jnp.ones((num_budgets,), jnp.float32)
+    elif kind == "linear":
+        p = jnp.arange(1, num_budgets + 1, dtype=jnp.float32)
+    elif kind == "base":
+        p = jnp.zeros((num_budgets,), jnp.float32).at[-1].set(1.0)
+    else:
+        raise ValueError(f"argument 'kind' must be 'uniform', 'linear' or 'base', got {kind!r}")
+    return p / jnp.sum(p)
+
+
+def brpo_advantages(budget_scores: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                    prior: jnp.ndarray, variant: str = "brpo", valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """BRPO's advantage of each thinking segment: the budget-weighted return-to-go minus a
+    baseline that blends the trace's own earlier budgets with the group.
+
+    ``s_{g,j}`` is the mean score of the summaries written after trace ``g``'s thinking was cut at
+    budget ``j`` (``budget_scores [N, S]``), ``p`` the prior over budgets. For the thinking tokens
+    of segment ``j`` (between budgets ``j - 1`` and ``j``):
+
+    - ``R_{g,j} = sum_{k >= j} p_k s_{g,k}``;
+    - ``V1_{g,j} = [sum_{k < j} 2^k s_{g,k} / sum_{k < j} 2^k] sum_{k >= j} p_k`` (0 for ``j = 0``);
+    - ``V2_j`` = the group's mean of ``R_{., j}``;
+    - ``brpo``: ``A = R - (j V1 + (S - j) V2) / S``; ``v1only``: ``R - V1``; ``v2only``: ``R - V2``
+      (with one budget, GRPO without the std); ``none``: ``R``.
+
+    No std normalisation. Paper: "Optimizing Anytime Reasoning via Budget Relative Policy
+    Optimization" (AnytimeReasoner), arXiv:2505.13438; code ``sail-sg/AnytimeReasoner`` @7e3f5bb
+    (``brpo.py``: ``compute_cot_advantage``, the discount base 2 hard-coded).
+
+    Returns:
+      ``[N, S]`` float32; no gradient.
+    """
+    if variant not in ("brpo", "v1only", "v2only", "none"):
+        raise ValueError(f"argument 'variant' must be 'brpo', 'v1only', 'v2only' or 'none', got {variant!r}")
+    _checks.check_rank("budget_scores", budget_scores, 2)
+    n, k = _checks._shape(budget_scores)
+    _checks.check_groups(group_ids, num_groups, n)
+    sc = _checks.as_float(budget_scores)
+    p = _checks.as_float(prior)
+    if p.shape != (k,):
+        raise ValueError(f"argument 'prior' must have shape ({k},), got {p.shape}")
+    v = jnp.ones((n,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    tail = jnp.cumsum(p[::-1])[::-1]  # sum_{k >= j} p_k
+    ret = jnp.cumsum((sc * p[None])[:, ::-1], axis=1)[:, ::-1]  # R_{g,j}
+    w2 = 2.0 ** jnp.arange(k, dtype=jnp.float32)
+    num = jnp.concatenate([jnp.zeros((n, 1)), jnp.cumsum(sc * w2[None], axis=1)[:, :-1]], axis=1)
+    den = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(w2)[:-1]])
+    v1 = jnp.where(den[None] > 0, num / jnp.where(den > 0, den, 1.0)[None], 0.0) * tail[None]
+    cnt = jax.ops.segment_sum(v, group_ids, num_segments=num_groups)
+    v2 = (jax.ops.segment_sum(ret * v[:, None], group_ids, num_segments=num_groups)
+          / jnp.maximum(cnt, 1.0)[:, None])[group_ids]
+    j = jnp.arange(k, dtype=jnp.float32)[None]
+    base = {"brpo": (j * v1 + (k - j) * v2) / k, "v1only": v1, "v2only": v2, "none": jnp.zeros_like(ret)}[variant]
+    return jax.lax.stop_gradient(jnp.where(v[:, None] > 0, ret - base, 0.0))

@@ -397,6 +397,16 @@ PROVIDERS["teacher_logp"] = _aligndistil_teacher
 PROVIDERS["teacher_weight"] = _aligndistil_teacher  # one pass computes both (the second call returns at once)
 
 
+@provider("budget_scores")
+def _budget_scores(tr, step: StepBatch) -> None:
+    """BRPO's budget scores are made by its loop part (recipe.loop_part=brpo) in the assemble phase."""
+    if "budget_scores" not in step.inputs:
+        from jaxrl_llm.config import ConfigError
+
+        raise ConfigError("recipe.advantage=brpo reads each trace's summary scores after every thinking budget: set "
+                          "recipe.loop_part=brpo")
+
+
 @provider("nash_pref")
 def _nash_pref(tr, step: StepBatch) -> None:
     """Nash-MD's preferences are made by its loop part (recipe.loop_part=nash_md) in the

@@ -162,6 +162,8 @@ R.update({
         lambda r, m: C.turn_group_baseline_advantages(r, m, GID, NG, gamma=0.9, scale_by_std=True),
         lambda s: [_n(s, (B, T)), _mask(s)], 1),
     "flow_grpo_advantages": (lambda x, m: C.flow_grpo_advantages(x, m, GID, NG), outcome, 1),
+    "brpo_advantages": (lambda sc, v: C.brpo_advantages(sc, GID, NG, prior=C.brpo_budget_prior(3), valid=v),
+                        lambda s: [_rng(s).uniform(0, 1, (B, 3)).astype(np.float32), np.ones(B, bool)], 1),
     "matchtir_advantages": (lambda r, m: C.matchtir_advantages(r, m, GID, NG),
                             lambda s: [_n(s, (B, 3)), (np.arange(3)[None] < _rng(s).integers(1, 4, B)[:, None])], 1),
     "empg_advantages": (lambda a, h, m: C.empg_advantages(a, h, m, zeta=0.1),
@@ -347,6 +349,8 @@ EXEMPT = {
     "stage_schedule": "host-side schedule of a Python step (not an array function); tested in test_schedules",
     "epo_phase_weight": "host-side float schedule of a Python step (not an array function); tested in "
                         "test_policy_losses",
+    "brpo_budget_prior": "a constant vector of a Python int and a name (not an array function); tested in "
+                         "test_group_advantages",
     "r2vpo_dual_step": "host-side float update of R2VPO's multiplier (not an array function); tested in "
                        "test_batch_losses",
     "interleaved_length_cap": "host-side schedule of a Python step (not an array function); tested in "

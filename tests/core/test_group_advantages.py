@@ -418,3 +418,27 @@ def test_d3s_mask_worked_example_and_full_sizes_are_grpo():
     np.testing.assert_array_equal(f(2, 0.25), want)
     with pytest.raises(ValueError, match="token_fraction must be in"):
         C.d3s_mask(a, h, m, gid, 2, samples_per_group=2, token_fraction=0.0)
+
+
+
+def test_brpo_hand_values_and_identities():
+    import jaxrl_llm.core as CC
+
+    s = np.array([[0.0, 1.0], [1.0, 1.0]], np.float32)
+    g = np.zeros(2, np.int32)
+    u = CC.brpo_budget_prior(2, "uniform")
+    # R = [[.5, .5], [1, .5]]; V2 = [.75, .5]; V1 = [[0, 0], [0, .5]]; A = R - (j V1 + (2 - j) V2) / 2
+    np.testing.assert_allclose(np.asarray(CC.brpo_advantages(s, g, 1, prior=u)), [[-0.25, 0.25], [0.25, 0.0]],
+                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(CC.brpo_budget_prior(4, "linear")), [0.1, 0.2, 0.3, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(CC.brpo_budget_prior(3, "base")), [0, 0, 1])
+    # one budget, v2only: the group-mean baseline (GRPO without the std)
+    one = np.array([[1.0], [0.0], [0.0], [1.0]], np.float32)
+    gid = np.array([0, 0, 1, 1], np.int32)
+    np.testing.assert_allclose(np.asarray(CC.brpo_advantages(one, gid, 2, prior=CC.brpo_budget_prior(1),
+                                                             variant="v2only"))[:, 0], [0.5, -0.5, -0.5, 0.5])
+    # the base prior: every segment's return is the final budget's score
+    r = np.asarray(CC.brpo_advantages(s, g, 1, prior=CC.brpo_budget_prior(2, "base"), variant="none"))
+    np.testing.assert_allclose(r, [[1, 1], [1, 1]])
+    with pytest.raises(ValueError, match="variant"):
+        CC.brpo_advantages(s, g, 1, prior=u, variant="v3")

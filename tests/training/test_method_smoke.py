@@ -75,6 +75,10 @@ def _rl(r):
     field = r["key"].split(".", 1)[1]
     kw = {"g": 4, "reward": [binary, calls, target_frac]}
     preset = "grpo"
+    if r["name"] == "brpo":  # its estimator reads its loop part's summary scores: both
+        tr = make("grpo", g=4, reward=[target_frac], buckets=(32,), advantage={"name": "brpo"},
+                  loop_part={"name": "brpo", "num_budgets": 2, "summaries": 2, "summary_text": ""})
+        return [tr.step() for _ in range(2)]
     if r["name"] == "nash_md":  # its estimator, loss and loop part run together: the preset
         kw["ref"] = True
         return [t.step() for t in [make("nash_md", **kw)] for _ in range(2)]
