@@ -282,3 +282,33 @@ def treepo(x, *, combine: str = "average") -> Advantages:
     """TreePO's tree advantage (:func:`jaxrl_llm.core.treepo_advantages`)."""
     return Advantages(core.treepo_advantages(x["scores"], x["tree_prefix_ids"], x["mask"], valid=x.get("valid"),
                                              combine=combine))
+
+
+@register_estimator("xrpo", paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation, "
+                                  "arXiv:2510.06672",
+                    core=("xrpo_novelty_advantages", "grpo_advantages"), requires=("old_logp",), group_relative=True,
+                    methods=(65,), tests=_T, verified="hand values, paper identity (lam = 0: GRPO)",
+                    note="novelty sharpening only: correct responses less likely than their group's average (mean "
+                         "token log-prob of the sampling policy) get a bonus lam (1 - eta) capped at kappa A (2.5, "
+                         "0.5); not reproduced: the confidence-interval rollout allocator and the in-context seeding")
+def xrpo(x, *, lam: float = 2.5, kappa: float = 0.5, threshold: float = 1.0, epsilon: float = 1e-6) -> Advantages:
+    """XRPO's novelty-sharpened GRPO advantages."""
+    return Advantages(core.xrpo_novelty_advantages(x["scores"], x["old_logp"], x["mask"], x["group_ids"],
+                                                   x.num_groups, lam=lam, kappa=kappa, threshold=threshold,
+                                                   epsilon=epsilon, valid=x.get("valid")))
+
+
+@register_estimator("r3", paper="R^3: Replay, Reflection, and Ranking Rewards for LLM Reinforcement Learning, "
+                                "arXiv:2601.19620",
+                    core=("r3_entropy_rank_rewards", "grpo_advantages"), requires=("old_entropy",),
+                    group_relative=True, methods=(150,), tests=_T, verified="hand values (the paper's Algorithm 1)",
+                    note="all-failed groups get R3's structural entropy ranking rewards (peak vs global entropy of the "
+                         "sampling policy), then GRPO; r_max and peak_frac have no default (not found); with "
+                         "recipe.replay=arpo for the cross-context replay; the self-reflection prompts are not "
+                         "reproduced")
+def r3(x, *, r_max: float, peak_frac: float, threshold: float = 1.0, epsilon: float = 1e-6) -> Advantages:
+    """GRPO on R3's rewards: failures of all-failed groups ranked by their entropy structure."""
+    r = core.r3_entropy_rank_rewards(x["scores"], x["old_entropy"], x["mask"], x["group_ids"], x.num_groups,
+                                     r_max=r_max, peak_frac=peak_frac, threshold=threshold, valid=x.get("valid"))
+    return Advantages(core.grpo_advantages(r, x["mask"], x["group_ids"], x.num_groups, epsilon=epsilon,
+                                           valid=x.get("valid")))

@@ -259,6 +259,15 @@ for _part in (
               "the loop moves once per step (lambda <- max(0, lambda + lambda_lr (Var - delta)), from lambda_init) "
               "and checkpoints; delta has no default (the paper's value was not found); pair it with recipe.epochs "
               "> 1 or several mini-batches, on-policy the ratio is 1"),
+    Part("vppo", core.vppo_loss, paper="Spotlight on Token Perception for Multimodal Reinforcement Learning (VPPO), "
+                                       "arXiv:2510.09285",
+         core=("vppo_loss",), requires=frozenset({"masked_logp"}), methods=(48,),
+         verified="hand values, paper identity (beta_min = 1, top_frac = 1: PPO clip); the authors' code's "
+                  "estimator and normalisation (huaixuheqing/VPPO-RL @a23c54b)",
+         tests=_TB, flags=(("coupled", True),),
+         note="advantages re-weighted by each response's dependency on its prompt (k3 KL to the policy given a "
+              "masked prompt, mean 1 over the mini-batch, from beta_min 0.9) and the loss kept on each response's 40% "
+              "most dependent tokens; the image becomes the prompt (tokens masked with p = mask_prob 0.5)"),
     Part("mdpo", core.mdpo_loss, paper="Mirror Descent Policy Optimization (Tomar et al.), arXiv:2005.09814",
          core=("mdpo_loss",), methods=(94,), verified="hand values, paper identity", tests=_TB,
          note="no clipping; (1/t) KL(pi || pi_old) per token; use with several epochs (recipe.epochs)"),

@@ -213,6 +213,31 @@ def cosine_length(x: ShapingInputs, *, metric: str | None = None, threshold: flo
     return (weight * np.asarray(r, np.float64) - replaced).astype(np.float32)
 
 
+#: what marks a refusal (the Auto-CEI code's phrases, matched case-insensitively)
+IDK_PHRASES = ("i don't know", "sorry", "too difficult", "unfortunate", "no answer")
+
+
+def auto_cei(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, c1: float = 13.0, c2: float = 0.4,
+             phrases: tuple = IDK_PHRASES, step_sep: str = "\n") -> np.ndarray:
+    """Auto-CEI's reward (:func:`jaxrl_llm.core.auto_cei_reward`) in place of the total: a
+    completion containing one of ``phrases`` is a refusal, scored by its reasoning steps (the
+    non-empty pieces of the text before the phrase, split at ``step_sep``); others +1 when the
+    reward function ``metric`` (default the total) is at least ``threshold``, else -1."""
+    phrases = tuple(p.lower() for p in ((phrases,) if isinstance(phrases, str) else phrases))
+    if not phrases or not step_sep:
+        raise ValueError("recipe.shaping=auto_cei: phrases and step_sep must not be empty")
+    refused, steps = [], []
+    for text in x.completions:
+        low = text.lower()
+        at = [low.find(p) for p in phrases if p in low]
+        refused.append(bool(at))
+        before = text[:min(at)] if at else text
+        steps.append(sum(1 for piece in before.split(step_sep) if piece.strip()))
+    r = core.auto_cei_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(refused),
+                             jnp.asarray(steps, jnp.float32), c1=c1, c2=c2)
+    return _replace(x, r)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -317,6 +342,13 @@ for _part in (
          note="replaces the correctness reward (metric) by weight x the cosine of the length: 1.0 -> 0.5 correct, "
               "0.0 -> -0.5 wrong over max_length characters (Open-RS's code; unit=tokens for tokens); past max_length "
               "the cosine rises again as in that code (clamp_length=true holds it); the open_rs preset's reward"),
+    Part("auto_cei", auto_cei, paper="Automatic Curriculum Expert Iteration for Reliable LLM Reasoning (Auto-CEI; "
+                                     "Zhao et al.), arXiv:2410.07627",
+         core=("auto_cei_reward",), methods=(193,), verified="hand values (the authors' code's reward and phrases)",
+         tests=_T, flags=_TEXT,
+         note="+1 right, -1 wrong, a refusal (\"I don't know\", ...) scored tanh(c2 (steps - c1) / 2) by its "
+              "reasoning steps (lines before it); not reproduced: the expert iteration and the hill-climbing "
+              "curriculum that moves c1 (c1, c2 are arguments; 13 and 0.4 the code's defaults)"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

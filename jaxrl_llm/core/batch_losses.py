@@ -42,6 +42,7 @@ __all__ = [
     "etr_loss",
     "r2vpo_loss",
     "r2vpo_dual_step",
+    "vppo_loss",
 ]
 
 sg = jax.lax.stop_gradient
@@ -775,3 +776,79 @@ def r2vpo_dual_step(lam: float, ratio_var: float, *, delta: float, lambda_lr: fl
     """One projected dual-ascent step of R²VPO's multiplier:
     ``max(0, lam + lambda_lr (ratio_var - delta))`` (host floats)."""
     return max(0.0, float(lam) + float(lambda_lr) * (float(ratio_var) - float(delta)))
+
+
+# ----------------------------------------------------------------------------------------- VPPO
+
+
+def vppo_loss(logp, old_logp, advantages, mask, *, masked_logp, beta_min: float = 0.9, top_frac: float = 0.4,
+              mask_prob: float = 0.5, clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None,
+              entropy_penalty: float = 0.0, is_weights=None):
+    """VPPO: the clipped surrogate with advantages re-weighted by how much each response depends
+    on its input, and the gradient kept on the tokens that depend on it most.
+
+    Token dependency ``S_t = clamp(exp(d) - d - 1, 0, 10)``, ``d = clamp(log pi_old(o_t | masked
+    input) - log pi_old(o_t | input), +-20)`` (the k3 estimate of ``KL(pi(.|input) || pi(.|masked
+    input))`` on the sampled token, both before the update); ``S_i`` its mean over response ``i``.
+
+    - *trajectory-level advantage shaping*: ``n_i = clip((S_i - min S) / (max S - min S), 0, 1)``
+      over the mini-batch's responses, ``mu`` = their mean, ``beta_max = beta_min + (1 - beta_min) /
+      mu``, ``alpha_i = beta_min + n_i (beta_max - beta_min)`` (mean 1 over the batch; all equal
+      ``S``: 1), ``A'_i = alpha_i A_i``;
+    - *token-level gradient filtering*: in each response only its ``ceil(top_frac L_i)`` tokens of
+      highest ``S_t`` keep their loss; the mean still divides by all its valid tokens' count
+      (token-mean over the batch).
+
+    Then PPO's clip with ``clip_low`` / ``clip_high`` (DAPO's 0.2 / 0.28, the authors' base), plus
+    ``entropy_penalty`` times the mean ``-logp`` (the authors' scripts: 0.06; 0 here by default).
+
+    Paper: "Spotlight on Token Perception for Multimodal Reinforcement Learning" (VPPO),
+    arXiv:2510.09285; code ``huaixuheqing/VPPO-RL`` @a23c54b (``dp_actor.py``: beta_min 0.9, top
+    0.4, image patches blacked out with p 0.5, the min / max over the per-device mini-batch and
+    the mean over the micro-batch; here both over the mini-batch). The image becomes the prompt:
+    ``masked_logp`` comes from the loop's masked-prompt pass (each prompt token replaced by the pad
+    token with probability ``mask_prob``), as for PAPO. Identity: ``beta_min = 1, top_frac = 1``
+    is PPO's clip (token-mean).
+
+    Returns:
+      ``(loss scalar, metrics)``: clip and ratio metrics, ``vppo_dependency_mean``,
+      ``vppo_alpha_max``, ``vppo_kept_frac``.
+    """
+    if not 0.0 <= float(beta_min) <= 1.0:
+        raise ValueError(f"argument 'beta_min' must be in [0, 1], got {beta_min!r}")
+    if not 0.0 < float(top_frac) <= 1.0:
+        raise ValueError(f"argument 'top_frac' must be in (0, 1], got {top_frac!r}")
+    if not 0.0 < float(mask_prob) <= 1.0:
+        raise ValueError(f"argument 'mask_prob' must be in (0, 1], got {mask_prob!r}")
+    _checks.check_positive("entropy_penalty", entropy_penalty, allow_zero=True)
+    _check_clip(clip_low, clip_high, dual_clip)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    _checks.check_token_args(logp=logp, masked_logp=masked_logp)
+    mlp = sg(_checks.zero_outside(_checks.as_float(masked_logp), m))
+    d = jnp.clip(mlp - olp, -_CLAMP, _CLAMP)
+    dep = jnp.where(m > 0, jnp.clip(jnp.exp(d) - d - 1.0, 0.0, 10.0), 0.0)
+    rows = _rows(m)
+    length = jnp.sum(m, axis=1)
+    s_row = safe_divide(jnp.sum(dep, axis=1), length)
+    lo = jnp.min(jnp.where(rows, s_row, jnp.inf))
+    hi = jnp.max(jnp.where(rows, s_row, -jnp.inf))
+    spread = hi - lo
+    n = jnp.clip(safe_divide(s_row - lo, jnp.where(spread > 1e-6, spread, 1.0)), 0.0, 1.0)
+    mu = safe_divide(jnp.sum(jnp.where(rows, n, 0.0)), jnp.sum(rows.astype(jnp.float32)))
+    beta_max = beta_min + (1.0 - beta_min) / jnp.maximum(mu, 1e-6)
+    alpha = jnp.where(spread > 1e-6, beta_min + n * (beta_max - beta_min), 1.0)
+    a2 = adv * sg(alpha)[:, None]
+    k = jnp.ceil(top_frac * length)
+    order = jnp.argsort(-jnp.where(m > 0, dep, -1.0), axis=1, stable=True)
+    rank = jnp.argsort(order, axis=1)
+    keep = (rank < k[:, None]) & (m > 0)
+    ratio = _ratio(lp, olp)
+    per, met = _clipped_surrogate(ratio, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high), a2, m, clip_low, clip_high,
+                                  dual_clip)
+    if is_weights is not None:
+        per = per * sg(_checks.zero_outside(_checks.as_float(is_weights), m))
+    per = jnp.where(keep, per, 0.0) + entropy_penalty * jnp.where(m > 0, -lp, 0.0)
+    loss = safe_divide(jnp.sum(per), jnp.sum(m))
+    return loss, {**met, **ratio_metrics(lp - olp, m), "vppo_dependency_mean": sg(masked_mean(dep, m)),
+                  "vppo_alpha_max": sg(jnp.max(jnp.where(rows, alpha, 0.0))),
+                  "vppo_kept_frac": sg(safe_divide(jnp.sum(keep.astype(jnp.float32)), jnp.sum(m)))}

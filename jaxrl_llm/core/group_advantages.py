@@ -43,6 +43,8 @@ __all__ = [
     "treepo_advantages",
     "brpo_advantages",
     "brpo_budget_prior",
+    "xrpo_novelty_advantages",
+    "r3_entropy_rank_rewards",
 ]
 
 
@@ -1010,3 +1012,90 @@ def brpo_advantages(budget_scores: jnp.ndarray, group_ids: jnp.ndarray, num_grou
     j = jnp.arange(k, dtype=jnp.float32)[None]
     base = {"brpo": (j * v1 + (k - j) * v2) / k, "v1only": v1, "v2only": v2, "none": jnp.zeros_like(ret)}[variant]
     return jax.lax.stop_gradient(jnp.where(v[:, None] > 0, ret - base, 0.0))
+
+
+
+# ----------------------------------------------------------------------------- XRPO (novelty sharpening)
+def xrpo_novelty_advantages(scores: jnp.ndarray, logp: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                            num_groups: int, *, lam: float = 2.5, kappa: float = 0.5, threshold: float = 1.0,
+                            epsilon: float = 1e-6, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """XRPO's novelty sharpening: GRPO, plus a bonus for correct responses the policy found
+    unlikely.
+
+    ``s_i`` = the mean log-prob of response ``i`` (length-normalised), ``eta_i = exp(s_i - mean_g s)``
+    over its group's valid responses; for a correct response (score ``>= threshold``) with GRPO
+    advantage ``A_i > 0``: ``A+_i = A_i + min(max(lam (1 - eta_i), 0), kappa A_i)`` -- a bonus only
+    for responses less likely than their group's average, capped at ``kappa`` times the advantage.
+    Other rows keep GRPO's advantage.
+
+    Paper: "XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation",
+    arXiv:2510.06672 (lam 2.5, kappa 0.5 from its reproducibility section, as quoted by its
+    reviews; no code available to us). Identity: ``lam = 0`` is GRPO.
+
+    Returns:
+      ``[B, T]`` float32 token advantages; no gradient.
+    """
+    _checks.check_positive("lam", lam, allow_zero=True)
+    _checks.check_positive("kappa", kappa, allow_zero=True)
+    base = grpo_advantages(scores, mask, group_ids, num_groups, epsilon=epsilon, valid=valid)
+    m = _checks.as_mask(mask)
+    b = m.shape[0]
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    rows = (jnp.sum(m, axis=1) > 0).astype(jnp.float32) * v
+    s = safe_divide(jnp.sum(_checks.zero_outside(_checks.as_float(logp), m), axis=1), jnp.sum(m, axis=1))
+    mean_s = safe_divide(group_sum(s * rows, group_ids, num_groups), group_sum(rows, group_ids, num_groups))[group_ids]
+    eta = jnp.exp(s - mean_s)
+    a = safe_divide(jnp.sum(base * m, axis=1), jnp.sum(m, axis=1))  # the row's (constant) GRPO advantage
+    correct = (_checks.as_float(scores) >= threshold) & (a > 0) & (rows > 0)
+    bonus = jnp.where(correct, jnp.minimum(jnp.maximum(lam * (1.0 - eta), 0.0), kappa * a), 0.0)
+    return jax.lax.stop_gradient(jnp.where(m > 0, base + bonus[:, None], 0.0))
+
+
+# ----------------------------------------------------------------------------- R3 (entropy ranking)
+def r3_entropy_rank_rewards(scores: jnp.ndarray, entropy: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,
+                            num_groups: int, *, r_max: float, peak_frac: float, threshold: float = 1.0,
+                            valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """R³'s structural entropy ranking reward: graded rewards for the responses of a group in which
+    every response failed, so that the group still teaches something.
+
+    For response ``i`` with token entropies ``H_t`` over its ``L_i`` tokens: the *peak* entropy
+    ``E_peak,i`` = mean of its ``max(1, floor(peak_frac L_i))`` highest ``H_t``, the *global*
+    entropy ``E_global,i`` = mean ``H_t``. Response ``i`` dominates ``j`` when ``E_peak,i >
+    E_peak,j`` and ``E_global,i < E_global,j`` (it explored at a few decisive points and was
+    confident elsewhere); ``S_i`` = how many of its group it dominates. Ranked by ``S`` (ties: the
+    earlier row first), the ``k``-th of ``N`` responses (``k = 0`` best) gets ``r_max (1 - k / (N -
+    1))``. Rows of groups with a success (score ``>= threshold``) keep their scores.
+
+    Paper: "R³: Replay, Reflection, and Ranking Rewards for LLM Reinforcement Learning",
+    arXiv:2601.19620 (Algorithm 1; no code released): ``r_max`` and ``peak_frac`` have no default
+    (their values were not found). The cross-context replay of the paper is ``recipe.replay``'s
+    kind of part; the self-reflection prompts are not reproduced.
+
+    Returns:
+      ``[B]`` float32 rewards; no gradient.
+    """
+    _checks.check_positive("r_max", r_max)
+    if not 0.0 < float(peak_frac) <= 1.0:
+        raise ValueError(f"argument 'peak_frac' must be in (0, 1], got {peak_frac!r}")
+    m = _checks.as_mask(mask)
+    b, t = m.shape
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    h = jnp.where(m > 0, _checks.as_float(entropy), -jnp.inf)
+    length = jnp.sum(m, axis=1)
+    k = jnp.maximum(1.0, jnp.floor(peak_frac * length))
+    srt = -jnp.sort(-h, axis=1)  # descending, padding (-inf) last
+    top = jnp.arange(t)[None] < k[:, None]
+    peak = safe_divide(jnp.sum(jnp.where(top & jnp.isfinite(srt), srt, 0.0), axis=1), k)
+    glob = safe_divide(jnp.sum(jnp.where(m > 0, _checks.as_float(entropy), 0.0), axis=1), length)
+    sc = _checks.as_float(scores)
+    live = (length > 0) & (v > 0)
+    same = (group_ids[:, None] == group_ids[None]) & live[:, None] & live[None]
+    dom = same & (peak[:, None] > peak[None]) & (glob[:, None] < glob[None])
+    s_i = jnp.sum(dom, axis=1).astype(jnp.float32)
+    # rank within the group: rows with more dominance first, then the earlier row
+    better = same & ((s_i[None] > s_i[:, None]) | ((s_i[None] == s_i[:, None]) & (jnp.arange(b)[None] < jnp.arange(b)[:, None])))
+    rank = jnp.sum(better, axis=1).astype(jnp.float32)
+    n = jnp.sum(same, axis=1).astype(jnp.float32)
+    graded = r_max * (1.0 - safe_divide(rank, n - 1.0))
+    success = group_sum(jnp.where(live & (sc >= threshold), 1.0, 0.0), group_ids, num_groups)[group_ids] > 0
+    return jax.lax.stop_gradient(jnp.where(live & ~success & (n > 1), graded, sc))

@@ -32,6 +32,7 @@ __all__ = [
     "region_consistency_reward",
     "cgpo_calibrated_reward",
     "cosine_length_reward",
+    "auto_cei_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -418,6 +419,30 @@ def cosine_length_reward(correct: jnp.ndarray, lengths: jnp.ndarray, *, max_leng
     lo = jnp.where(ok, min_correct, min_wrong)
     hi = jnp.where(ok, max_correct, max_wrong)
     return sg(lo + (hi - lo) * c)
+
+
+def auto_cei_reward(correct: jnp.ndarray, refused: jnp.ndarray, steps: jnp.ndarray, *, c1: float = 13.0,
+                    c2: float = 0.4) -> jnp.ndarray:
+    """Auto-CEI's reward with an "I don't know": +1 right, -1 wrong, and for a refusal after ``x``
+    reasoning steps ``2 / (1 + exp(-c2 (x - c1))) - 1`` (``tanh(c2 (x - c1) / 2)``, in ``(-1, 1)``):
+    giving up after real effort (more than ``c1`` steps) is rewarded, giving up early is punished.
+
+    Paper: Zhao et al., "Automatic Curriculum Expert Iteration for Reliable LLM Reasoning"
+    (Auto-CEI), arXiv:2410.07627; code ``SalesforceAIResearch/Auto-CEI`` @b7ea2f5
+    (``src/utils/utils.py``, the conservative reward; ``c1`` 13 and ``c2`` 0.4 are its argument
+    defaults, which its curriculum replaces by data-driven values and then moves ``c1`` by hill
+    climbing). Identity: a refusal at exactly ``c1`` steps scores 0.
+
+    Returns:
+      ``[B]`` float32.
+    """
+    b = _seq("correct", correct)
+    _seq("refused", refused, b)
+    _seq("steps", steps, b)
+    _checks.check_positive("c2", c2)
+    idk = 2.0 / (1.0 + jnp.exp(-c2 * (_checks.as_float(steps) - c1))) - 1.0
+    out = jnp.where(jnp.asarray(correct, bool), 1.0, -1.0)
+    return sg(jnp.where(jnp.asarray(refused, bool), idk, out))
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

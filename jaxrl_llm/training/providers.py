@@ -345,8 +345,11 @@ def _masked_logp(tr, step: StepBatch) -> None:
     prompt with each token replaced by the pad token with probability ``mask_prob`` (the loss's
     argument; a fresh mask each step, from the step's key). Logs the share of prompt tokens masked."""
     a = step.arrays
+    import inspect
+
     kw = dict(tr.recipe.objective.policy_kwargs)
-    prob = float(kw.get("mask_prob", 0.6))
+    param = inspect.signature(tr.recipe.objective.policy_loss).parameters.get("mask_prob")
+    prob = float(kw.get("mask_prob", 0.6 if param is None else param.default))  # the surrogate's own default
     fill = int(tr.sampler.config.pad_token_id)
     masked, n = mask_prompt_tokens(a["tokens"], a["mask"], step.prompt_len, jax.random.fold_in(step.key, 0x9A90),
                                    prob, fill)

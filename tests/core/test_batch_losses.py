@@ -239,6 +239,7 @@ CASES = {
     "hapo": lambda lp, old, a, m: C.hapo_loss(lp, old, a, m, old_entropy=jnp.abs(jnp.nan_to_num(old)) + 0.1)[0],
     "mdpo": lambda lp, old, a, m: jnp.sum(C.mdpo_loss(lp, old, a, m)[0]),
     "etr": lambda lp, old, a, m: C.etr_loss(lp, old, a, m, scores=SC, group_ids=G0, alpha=0.3, beta=1.0)[0],
+    "vppo": lambda lp, old, a, m: C.vppo_loss(lp, old, a, m, masked_logp=jnp.nan_to_num(old) - 0.5)[0],
     "r2vpo": lambda lp, old, a, m: C.r2vpo_loss(lp, old, a, m, r2vpo_lambda=np.full(4, 2.0, np.float32),
                                                 delta=0.01)[0],
 }
@@ -383,3 +384,41 @@ def test_r2vpo_identities_and_dual_step():
     assert C.r2vpo_dual_step(0.1, 0.0, delta=0.1, lambda_lr=2.0) == 0.0
     with pytest.raises(ValueError, match="delta"):
         C.r2vpo_loss(lp, old, adv, m, r2vpo_lambda=np.zeros(4, np.float32), delta=-1.0)
+
+
+
+# ------------------------------------------------------------------------------------------------- VPPO
+
+
+def test_vppo_shaping_filtering_and_ppo_identity():
+    import math
+
+    # row 0 does not depend on its prompt (masked = old), row 1 does on its first token only
+    old = np.log(np.array([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]], np.float32))
+    masked = old.copy()
+    masked[1, 0] = np.log(0.25)
+    m = np.ones((2, 3), np.float32)
+    adv = np.array([[1.0] * 3, [1.0] * 3], np.float32)
+    d = math.log(0.5)
+    s1 = (math.exp(d) - d - 1) / 3  # row 1's mean dependency; row 0's is 0
+    loss, met = C.vppo_loss(old, old, adv, m, masked_logp=masked, beta_min=0.9, top_frac=0.34)
+    # n = [0, 1], mu = 0.5, beta_max = 1.1: alpha = [0.9, 1.1]; ceil(0.34 * 3) = 2 tokens kept per row:
+    # row 1 keeps its dependent token and the first of its ties, row 0 its first two (ties: order)
+    np.testing.assert_allclose(float(met["vppo_alpha_max"]), 1.1, rtol=1e-6)
+    np.testing.assert_allclose(float(met["vppo_kept_frac"]), 4 / 6, rtol=1e-6)
+    np.testing.assert_allclose(float(loss), (2 * -0.9 + 2 * -1.1) / 6, rtol=1e-6)
+    np.testing.assert_allclose(float(met["vppo_dependency_mean"]), s1 / 2, rtol=1e-5)
+    # beta_min = 1 and every token kept: PPO's clip (no dual clip), token-mean
+    rng = np.random.default_rng(4)
+    lp = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    o2 = np.log(rng.uniform(0.2, 0.9, (3, 4))).astype(np.float32)
+    a2 = rng.normal(size=(3, 4)).astype(np.float32)
+    m2 = (np.arange(4)[None] < np.array([[4], [2], [3]])).astype(np.float32)
+    f = lambda x: C.vppo_loss(x, o2, a2, m2, masked_logp=o2 - rng.uniform(0, 1, (3, 4)).astype(np.float32),
+                              beta_min=1.0, top_frac=1.0)[0]
+    g = lambda x: C.aggregate(C.ppo_clip_loss(x, o2, a2, m2, clip_low=0.2, clip_high=0.28, dual_clip=None)[0], m2,
+                              "token-mean")
+    close(f(jnp.asarray(lp)), g(jnp.asarray(lp)))
+    close(jax.grad(f)(jnp.asarray(lp)), jax.grad(g)(jnp.asarray(lp)))
+    with pytest.raises(ValueError, match="top_frac"):
+        C.vppo_loss(old, old, adv, m, masked_logp=masked, top_frac=0.0)

@@ -442,3 +442,33 @@ def test_brpo_hand_values_and_identities():
     np.testing.assert_allclose(r, [[1, 1], [1, 1]])
     with pytest.raises(ValueError, match="variant"):
         CC.brpo_advantages(s, g, 1, prior=u, variant="v3")
+
+
+
+def test_xrpo_novelty_bonus_by_hand():
+    sc = np.array([1, 1, 0, 0], np.float32)
+    lp = np.log(np.array([[.9, .9], [.3, .3], [.5, .5], [.5, .5]], np.float32))
+    m = np.ones((4, 2), np.float32)
+    g = np.zeros(4, np.int32)
+    base = np.asarray(C.grpo_advantages(sc, m, g, 1))[:, 0]
+    s_ = np.log([.9, .3, .5, .5])
+    eta = np.exp(s_ - s_.mean())
+    bonus1 = min(max(2.5 * (1 - eta[1]), 0), 0.5 * base[1])  # capped at kappa A
+    out = np.asarray(C.xrpo_novelty_advantages(sc, lp, m, g, 1))[:, 0]
+    np.testing.assert_allclose(out, [base[0], base[1] + bonus1, base[2], base[3]], rtol=1e-5)
+    assert bonus1 == pytest.approx(0.5 * base[1])
+    np.testing.assert_allclose(np.asarray(C.xrpo_novelty_advantages(sc, lp, m, g, 1, lam=0.0)),
+                               np.asarray(C.grpo_advantages(sc, m, g, 1)), rtol=1e-6)
+
+
+def test_r3_entropy_ranking_by_hand():
+    # group 0: three failures; group 1: one success (keeps its scores)
+    sc = np.array([0, 0, 0, 1, 0], np.float32)
+    ent = np.array([[3, 0, 0, 0], [1, 1, 1, 1], [2, 2, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], np.float32)
+    m = np.ones((5, 4), np.float32)
+    g = np.array([0, 0, 0, 1, 1], np.int32)
+    # peak (top 1 of 4) [3, 1, 2], global [.75, 1, 1]: row 0 dominates rows 1 and 2; rows 1, 2 tie (0)
+    r = np.asarray(C.r3_entropy_rank_rewards(sc, ent, m, g, 2, r_max=0.4, peak_frac=0.25))
+    np.testing.assert_allclose(r, [0.4, 0.2, 0.0, 1.0, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="peak_frac"):
+        C.r3_entropy_rank_rewards(sc, ent, m, g, 2, r_max=0.4, peak_frac=0.0)

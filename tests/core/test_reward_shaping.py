@@ -245,3 +245,12 @@ def test_cosine_length_reward_by_hand():
     # equal bounds: the plain correctness reward
     close(C.cosine_length_reward(c, ln, max_length=10.0, min_correct=1.0, max_correct=1.0, min_wrong=0.0,
                                  max_wrong=0.0), c.astype(np.float32))
+
+
+def test_auto_cei_reward_by_hand():
+    import math
+
+    c = np.array([1, 0, 0, 0], bool)
+    refused = np.array([0, 0, 1, 1], bool)
+    steps = np.array([5, 5, 13, 3], np.float32)
+    close(C.auto_cei_reward(c, refused, steps, c1=13.0, c2=0.4), [1, -1, 0.0, 2 / (1 + math.exp(4.0)) - 1])
