@@ -122,6 +122,8 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "turn_rewards": "turn", "turn_mask": "turn_mask", "state_ids": "turn_index",
                                    "turn_ids": "token_index", "turn_entropy": "turn", "agent_ids": "turn_index",
                                    "gt_logp": "turn_boundary", "turn_tool_calls": "turn", "matchtir_rewards": "turn",
+                                   # DECS: the decoupled token rewards (necessary vs redundant thinking), [N, T]
+                                   "decs_token_rewards": "token",
                                    # BRPO: per row, the mean summary score after each thinking budget, [N, S]
                                    "budget_scores": "components",
                                    # AlignDistil: the teacher's log-prob of each sampled token and its weight w
@@ -307,6 +309,25 @@ def budget_bounds(length: int, num_budgets: int) -> list[int]:
     """BRPO's budgets for responses of ``length`` tokens: ``b_j = ceil((j + 1) length / S)``, the
     last the whole length (the thinking is cut after ``b_j`` tokens)."""
     return [int(-(-(j + 1) * length // num_budgets)) for j in range(num_budgets)]
+
+
+@register_estimator("decs", paper="Overthinking Reduction with Decoupled Rewards and Curriculum Data Scheduling "
+                                  "(DECS), arXiv:2509.25827",
+                    core=("decs_advantages", "decs_token_rewards"), requires=("decs_token_rewards",),
+                    group_relative=True, methods=(178,),
+                    verified="hand values (the authors' code's rewards and per-position normalisation)",
+                    tests="tests/core/test_group_advantages.py, tests/training/test_decs.py",
+                    note="token rewards 1 + beta up to the first thinking chunk that already holds a correct answer, "
+                         "1 + beta (1 - L / L_max) after it, 0 for wrong responses, normalised per position across the "
+                         "group; the detector is the run's verifier on the chunk prefixes (the paper: a trained NRP "
+                         "model); the curriculum of easy prompts is not reproduced")
+def decs(x, *, beta: float = 0.1, epsilon: float = 1e-6, pad_in_stats: bool = True, threshold: float = 1.0,
+         metric: str | None = None, max_length: float | None = None) -> Advantages:
+    """DECS's per-position group-normalised advantages of its decoupled token rewards (``beta``,
+    ``threshold``, ``metric``, ``max_length`` are read by the loop's reward pass)."""
+    del beta, threshold, metric, max_length
+    return Advantages(core.decs_advantages(x["decs_token_rewards"], x["mask"], x["group_ids"], x.num_groups,
+                                           epsilon=epsilon, pad_in_stats=pad_in_stats, valid=x.get("valid")))
 
 
 @register_estimator("lite_ppo", paper="Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning "

@@ -45,6 +45,8 @@ __all__ = [
     "brpo_budget_prior",
     "xrpo_novelty_advantages",
     "r3_entropy_rank_rewards",
+    "decs_token_rewards",
+    "decs_advantages",
 ]
 
 
@@ -1099,3 +1101,49 @@ def r3_entropy_rank_rewards(scores: jnp.ndarray, entropy: jnp.ndarray, mask: jnp
     graded = r_max * (1.0 - safe_divide(rank, n - 1.0))
     success = group_sum(jnp.where(live & (sc >= threshold), 1.0, 0.0), group_ids, num_groups)[group_ids] > 0
     return jax.lax.stop_gradient(jnp.where(live & ~success & (n > 1), graded, sc))
+
+
+
+# ----------------------------------------------------------------------------- DECS
+def decs_token_rewards(correct: jnp.ndarray, necessary: jnp.ndarray, mask: jnp.ndarray, *, beta: float = 0.1,
+                       max_length: float) -> jnp.ndarray:
+    """DECS's decoupled token rewards: ``[B, T]``.
+
+    For a correct response of ``L`` tokens whose first ``necessary`` tokens reach the answer
+    (its thinking up to the first chunk that already holds a correct answer): those tokens get
+    ``1 + beta``, the redundant ones after them ``1 + beta (1 - L / max_length)``; every token of
+    a wrong response gets 0. Paper: "Overthinking Reduction with Decoupled Rewards and Curriculum
+    Data Scheduling" (DECS), arXiv:2509.25827; code ``pixas/DECS`` @0d12e53
+    (``valid_ray_trainer.py``: beta 0.1, ``L_max`` 16384).
+    """
+    _checks.check_positive("beta", beta, allow_zero=True)
+    _checks.check_positive("max_length", max_length)
+    m = _checks.as_mask(mask)
+    b, t = m.shape
+    length = jnp.sum(m, axis=1)
+    pos = jnp.arange(t)[None]
+    nec = pos < jnp.asarray(necessary, jnp.float32)[:, None]
+    ok = jnp.asarray(correct, bool)[:, None]
+    r = jnp.where(nec, 1.0 + beta, 1.0 + beta * (1.0 - length / max_length)[:, None])
+    return jax.lax.stop_gradient(jnp.where(ok & (m > 0), r, 0.0))
+
+
+def decs_advantages(token_rewards: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                    epsilon: float = 1e-6, pad_in_stats: bool = True, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """DECS's advantage: each position's reward normalised across the group at that position,
+    ``A_{i,t} = (R_{i,t} - mean_g R_{., t}) / (std_g R_{., t} + epsilon)`` (unbiased std). With
+    ``pad_in_stats`` (the authors' code) the group's padded positions count as rewards 0 in the
+    statistics; without it only responses that reach position ``t`` count. Masked to the response.
+    """
+    _checks.check_rank("token_rewards", token_rewards, 2)
+    m = _checks.as_mask(mask)
+    b, t = m.shape
+    v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
+    r = jnp.where(m > 0, _checks.as_float(token_rewards), 0.0)
+    w = (jnp.ones_like(m) if pad_in_stats else m) * v[:, None]
+    cnt = jax.ops.segment_sum(w, group_ids, num_segments=num_groups)
+    mean = safe_divide(jax.ops.segment_sum(r * w, group_ids, num_segments=num_groups), cnt)
+    dev = (r - mean[group_ids]) * w
+    var = safe_divide(jax.ops.segment_sum(dev * dev, group_ids, num_segments=num_groups), jnp.maximum(cnt - 1.0, 1.0))
+    adv = (r - mean[group_ids]) / (jnp.sqrt(var)[group_ids] + epsilon)
+    return jax.lax.stop_gradient(jnp.where((m > 0) & (v[:, None] > 0), adv, 0.0))

@@ -400,6 +400,76 @@ PROVIDERS["teacher_logp"] = _aligndistil_teacher
 PROVIDERS["teacher_weight"] = _aligndistil_teacher  # one pass computes both (the second call returns at once)
 
 
+#: where DECS's thinking chunks start (the authors' splitter's words, at a line or word start)
+DECS_MARKERS = ("Wait", "But", "Alternatively", "Hmm", "Let", "Therefore")
+
+
+def decs_chunk_ends(pieces: list[str], markers=DECS_MARKERS, end_tag: str = "</think>") -> list[int]:
+    """Token counts at which each thinking chunk of a response ends, from the decoded text of each
+    response token: a new chunk starts at a token that begins one of ``markers`` at the start of a
+    word (the token starts with whitespace, or the text before it ends with whitespace); the
+    thinking ends with the token that completes ``end_tag`` (or with the response)."""
+    text, think_end = "", len(pieces)
+    for i, piece in enumerate(pieces):
+        text += piece
+        if end_tag in text:
+            think_end = i + 1
+            break
+    ends, text = [], ""
+    for i, piece in enumerate(pieces[:think_end]):
+        word_start = piece[:1].isspace() or text[-1:].isspace()
+        if i > 0 and word_start and any(piece.lstrip().startswith(mk) for mk in markers):
+            ends.append(i)
+        text += piece
+    return ends + [think_end]
+
+
+@provider("decs_token_rewards")
+def _decs_token_rewards(tr, step: StepBatch) -> None:
+    """DECS's token rewards: a correct response's thinking is cut into chunks, each chunk prefix
+    is scored by the run's reward functions (the verifier stands in for the paper's detector
+    model), and the tokens up to the end of the first prefix that is already correct are the
+    necessary ones (:func:`jaxrl_llm.core.decs_token_rewards`)."""
+    from jaxrl_llm.core import decs_token_rewards
+
+    a = step.arrays
+    kw = dict(tr.recipe.estimator.kwargs)
+    beta, thr, metric = float(kw.get("beta", 0.1)), float(kw.get("threshold", 1.0)), kw.get("metric")
+    cm = np.asarray(step.completion_mask, bool)
+    c0 = step.prompt_len - 1
+    toks = np.asarray(a["tokens"])[:, step.prompt_len:]
+    gid = np.asarray(a["group_ids"])
+    outcome = np.asarray(step.per_fn[metric] if metric else (step.totals if step.totals is not None else step.scores),
+                         np.float64)
+    correct = np.nan_to_num(outcome, nan=0.0) >= thr
+    necessary = cm.sum(1).astype(np.float32)
+    cand = []  # (prefix text, row, tokens in the prefix, prefix ids)
+    for i in np.flatnonzero(correct & cm.any(1)):
+        ids = [int(t) for t in toks[i][cm[i]]]
+        pieces = [tr.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
+        for e in decs_chunk_ends(pieces):
+            cand.append(("".join(pieces[:e]), int(i), e, ids[:e]))
+    if cand:
+        res = tr.rewards([step.prompts[gid[c[1]]] for c in cand], [c[0] for c in cand],
+                         completion_ids=[c[3] for c in cand], completion_lengths=[c[2] for c in cand],
+                         **{k: [v[gid[c[1]]] for c in cand] for k, v in step.columns.items()})
+        vals = np.asarray(res.per_fn[metric] if metric else res.total, np.float64)
+        found: dict[int, int] = {}
+        for (_, i, e, _), v in zip(cand, np.nan_to_num(vals, nan=0.0)):
+            if v >= thr and i not in found:
+                found[i] = e
+        for i, e in found.items():
+            necessary[i] = e
+    max_len = float(kw.get("max_length") or tr.sampler.config.max_new_tokens)
+    r = np.asarray(decs_token_rewards(correct, necessary, cm, beta=beta, max_length=max_len), np.float32)
+    out = np.zeros(np.asarray(a["loss_mask"]).shape, np.float32)
+    out[:, c0:c0 + r.shape[1]] = r
+    step.arrays["decs_token_rewards"] = out
+    lens = cm.sum(1)
+    ok = correct & (lens > 0)
+    step.metrics["decs/redundant_frac"] = float(np.mean(1.0 - necessary[ok] / lens[ok])) if ok.any() else 0.0
+
+
 @provider("budget_scores")
 def _budget_scores(tr, step: StepBatch) -> None:
     """BRPO's budget scores are made by its loop part (recipe.loop_part=brpo) in the assemble phase."""

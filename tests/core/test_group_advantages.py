@@ -472,3 +472,17 @@ def test_r3_entropy_ranking_by_hand():
     np.testing.assert_allclose(r, [0.4, 0.2, 0.0, 1.0, 0.0], atol=1e-6)
     with pytest.raises(ValueError, match="peak_frac"):
         C.r3_entropy_rank_rewards(sc, ent, m, g, 2, r_max=0.4, peak_frac=0.0)
+
+
+
+def test_decs_rewards_and_per_position_advantages_by_hand():
+    m = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.float32)
+    r = np.asarray(C.decs_token_rewards(np.array([1, 0], bool), np.array([2, 0]), m, beta=0.1, max_length=4.0))
+    np.testing.assert_allclose(r, [[1.1, 1.1, 1 + 0.1 * (1 - 3 / 4), 0], [0, 0, 0, 0]], rtol=1e-6)
+    a = np.asarray(C.decs_advantages(r, m, np.zeros(2, np.int32), 1))
+    # position 0: values 1.1 and 0: mean .55, unbiased std .7778 -> +-0.7071; position 2: 1.025 and 0 (padding
+    # counted): +-0.7071 on the real token, the padded one masked
+    np.testing.assert_allclose(a[:, :3], [[0.70710, 0.70710, 0.70710], [-0.70710, -0.70710, 0.0]], atol=1e-4)
+    # without the padding in the statistics, position 2 has one response: mean = itself, advantage 0
+    b = np.asarray(C.decs_advantages(r, m, np.zeros(2, np.int32), 1, pad_in_stats=False))
+    np.testing.assert_allclose(b[0, 2], 0.0, atol=1e-6)
