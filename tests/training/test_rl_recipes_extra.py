@@ -166,6 +166,25 @@ def make(name, *, g, prompts_per_step=4, rows=None, reward=target_frac, lr=3e-2,
                      staleness=staleness, prompt_encoder=encoder, prompt_value=prompt_value)
 
 
+def resumed_after_one_step(tmp_path, name="grpo", **kw):
+    """A trainer of ``make(name, **kw)`` restored from the checkpoint of another one saved after
+    its first step (the tests then check that it goes on as an uninterrupted run does)."""
+    straight = make(name, **kw)
+    straight.step()
+    straight.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    straight.save()
+    straight.checkpointer.wait()
+    resumed = make(name, **kw)
+    resumed.checkpointer = Checkpointer(tmp_path, keep_last=1)
+    assert resumed.restore()
+    return resumed
+
+
+def without_timings(m: dict) -> dict:
+    """A step's metrics without the wall-clock ones (which differ between two equal runs)."""
+    return {k: v for k, v in m.items() if not k.startswith(("time/", "tokens_per_s")) and not k.endswith("/seconds")}
+
+
 def max_diff(a, b):
     """Largest absolute difference between two param trees (numpy: no compilation)."""
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),

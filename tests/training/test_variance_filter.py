@@ -9,11 +9,10 @@ import pytest
 
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.data.pipeline import PromptBatch
-from jaxrl_llm.training import Checkpointer
 from jaxrl_llm.training.parts.variance_filter import SLOT, VarianceFilter
 from jaxrl_llm.training.prompt_store import PromptStore
 from jaxrl_llm.training.providers import StepBatch
-from test_rl_recipes_extra import PROMPTS, make, max_diff, varied_or_const
+from test_rl_recipes_extra import PROMPTS, make, max_diff, resumed_after_one_step, varied_or_const, without_timings
 
 
 def batch(idx):
@@ -74,20 +73,10 @@ def test_in_the_loop_prompts_without_spread_leave_and_a_resume_is_bitwise(tmp_pa
     assert keys[2] == ["toy:1", "toy:3", "toy:5", "toy:7"]
     assert ms[2]["variance_filter/replaced"] == 2 and ms[1]["variance_filter/set_aside"] == 4
 
-    straight = make("grpo", **kw)
-    straight.step()
-    straight.checkpointer = Checkpointer(tmp_path, keep_last=1)
-    straight.save()
-    straight.checkpointer.wait()
-    resumed = make("grpo", **kw)
-    resumed.checkpointer = Checkpointer(tmp_path, keep_last=1)
-    assert resumed.restore()
+    resumed = resumed_after_one_step(tmp_path, **kw)
     got = [resumed.step() for _ in range(2)]
-    def kept(m):  # without wall-clock figures
-        return {k: v for k, v in m.items() if not k.startswith(("time/", "tokens_per_s")) and
-                not k.endswith("/seconds")}
     for a, b in zip(got, ms[1:]):
-        assert kept(a) == kept(b)
+        assert without_timings(a) == without_timings(b)
     assert max_diff(resumed.state.params, tr.state.params) == 0
 
 

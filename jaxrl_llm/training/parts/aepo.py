@@ -38,15 +38,15 @@ import numpy as np
 from jaxrl_llm.algorithms.registry import Part
 from jaxrl_llm.config import ConfigError
 from jaxrl_llm.rewards.base import RewardOutput
-from jaxrl_llm.training.parts.base import Clash, LoopPart, Need, loop_part
-from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
+from jaxrl_llm.training.parts.base import Clash, Need, loop_part
+from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS, NamedLoopPart
 from jaxrl_llm.training.rounds import put_result, take_rollout_rows
 
 __all__ = ["AEPO"]
 
 
 @loop_part
-class AEPO(LoopPart):
+class AEPO(NamedLoopPart):
     key = "recipe.loop_part=aepo"
     phases = frozenset({"resample", "estimate", "observe"})
     requires = (Need("old_logp=recompute", "the injected rows were sampled at another temperature: set "
@@ -69,18 +69,6 @@ class AEPO(LoopPart):
         self.name = "aepo"
         self._forced: list[int] = []  # rows of round 0 that hold injected responses
         self._metrics: dict[str, float] = {}
-
-    @property
-    def label(self) -> str:
-        return self.key
-
-    @classmethod
-    def from_run(cls, run):
-        bound = run.recipe.loop_part
-        return bound() if bound is not None and bound.part.fn is cls else None
-
-    def metrics(self):
-        return dict(self._metrics)
 
     def temperature(self) -> float:
         return self.t_high if self.entropy <= self.target else self.t_low

@@ -26,8 +26,8 @@ import numpy as np
 from jaxrl_llm.algorithms.estimators import budget_bounds
 from jaxrl_llm.algorithms.registry import Part
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.training.parts.base import Clash, LoopPart, loop_part
-from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
+from jaxrl_llm.training.parts.base import Clash, loop_part
+from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS, NamedLoopPart
 from jaxrl_llm.training.rounds import take_rollout_rows
 
 __all__ = ["BudgetSummaries", "SUMMARY_TEXT"]
@@ -38,7 +38,7 @@ SUMMARY_TEXT = "\n</think>\n\n**Final Answer**\n"
 
 
 @loop_part
-class BudgetSummaries(LoopPart):
+class BudgetSummaries(NamedLoopPart):
     key = "recipe.loop_part=brpo"
     phases = frozenset({"resample", "assemble"})
     conflicts = (Clash("episodes", "it cuts single-turn responses; the agent loop does not run it"),
@@ -52,18 +52,6 @@ class BudgetSummaries(LoopPart):
         self.name = "brpo"
         self._scores: dict[int, np.ndarray] = {}
         self._metrics: dict[str, float] = {}
-
-    @property
-    def label(self) -> str:
-        return self.key
-
-    @classmethod
-    def from_run(cls, run):
-        bound = run.recipe.loop_part
-        return bound() if bound is not None and bound.part.fn is cls else None
-
-    def metrics(self):
-        return dict(self._metrics)
 
     def resample(self, ctx, rnd):
         if rnd.index == 0:

@@ -38,10 +38,6 @@ class EntropyHistory(LoopPart):
         self.counts: list[int] = []
         self.name = ""
 
-    @property
-    def label(self) -> str:
-        return self.key
-
     @classmethod
     def from_run(cls, run):
         from jaxrl_llm.algorithms.losses import epo_surrogate

@@ -25,14 +25,14 @@ import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.training.parts.base import Clash, LoopPart, loop_part
-from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
+from jaxrl_llm.training.parts.base import Clash, loop_part
+from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS, NamedLoopPart
 
 __all__ = ["NashMD"]
 
 
 @loop_part
-class NashMD(LoopPart):
+class NashMD(NamedLoopPart):
     key = "recipe.loop_part=nash_md"
     phases = frozenset({"resample", "assemble"})
     conflicts = (Clash("episodes", "it samples single-turn opponents; the agent loop does not run it"),
@@ -47,22 +47,11 @@ class NashMD(LoopPart):
         self._pref: dict[int, np.ndarray] = {}
         self._metrics: dict[str, float] = {}
 
-    @property
-    def label(self) -> str:
-        return self.key
-
-    @classmethod
-    def from_run(cls, run):
-        bound = run.recipe.loop_part
-        return bound() if bound is not None and bound.part.fn is cls else None
-
     def attach(self, ctx) -> None:
         if getattr(ctx, "ref_params", None) is None:
             raise ConfigError("recipe.loop_part=nash_md samples from a mixture with the reference policy: the run needs "
                               "one (a KL term, e.g. recipe.loss=nash_md)")
 
-    def metrics(self):
-        return dict(self._metrics)
 
     def resample(self, ctx, rnd):
         from jaxrl_llm.core import nash_md_preference

@@ -32,10 +32,6 @@ class RatioVarianceDual(LoopPart):
         self.lam = float(lambda_init)
         self.name = ""
 
-    @property
-    def label(self) -> str:
-        return self.key
-
     @classmethod
     def from_run(cls, run):
         from jaxrl_llm.core import r2vpo_loss

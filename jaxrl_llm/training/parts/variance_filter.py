@@ -30,8 +30,8 @@ import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part
 from jaxrl_llm.config import ConfigError
-from jaxrl_llm.training.parts.base import Clash, LoopPart, loop_part
-from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS
+from jaxrl_llm.training.parts.base import Clash, loop_part
+from jaxrl_llm.training.parts.options import LOOP_PART_OPTIONS, NamedLoopPart
 from jaxrl_llm.training.prompt_store import prompt_keys
 from jaxrl_llm.training.rounds import concat, subset
 
@@ -41,7 +41,7 @@ SLOT = "variance_filter"
 
 
 @loop_part
-class VarianceFilter(LoopPart):
+class VarianceFilter(NamedLoopPart):
     key = "recipe.loop_part=variance_filter"
     phases = frozenset({"select", "observe"})
     keeps_prompt_state = True
@@ -58,18 +58,6 @@ class VarianceFilter(LoopPart):
         self.min_std, self.cooldown, self.max_draws = float(min_std), cooldown, max_draws
         self.name = "variance_filter"
         self._metrics: dict[str, float] = {}
-
-    @property
-    def label(self) -> str:
-        return self.key
-
-    @classmethod
-    def from_run(cls, run):
-        bound = run.recipe.loop_part
-        return bound() if bound is not None and bound.part.fn is cls else None
-
-    def metrics(self):
-        return dict(self._metrics)
 
     def _aside(self, ctx, keys) -> np.ndarray:
         until = ctx.store.slot(SLOT)
