@@ -141,9 +141,10 @@ def self_play(x: ShapingInputs, *, metric: str | None = None, preference: str = 
 REGION_RE = r"\[\s*(\d+)\s*,\s*(\d+)\s*\]"
 
 
-def parse_regions(completions, pattern: str = REGION_RE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def parse_regions(completions, pattern: str = REGION_RE, max_value: int = 2**31 - 1
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(starts, ends, has_region)`` of the last ``pattern`` match (two integer groups) in each
-    completion; no match, or ``start > end``: no region."""
+    completion; no match, ``start > end`` or ``end > max_value``: no region."""
     rx = re.compile(pattern)
     if rx.groups != 2:
         raise ValueError(f"recipe.shaping.pattern must have exactly two groups (start, end), got {pattern!r}")
@@ -153,7 +154,7 @@ def parse_regions(completions, pattern: str = REGION_RE) -> tuple[np.ndarray, np
         found = rx.findall(c)
         if found:
             a, b = (int(v) for v in found[-1])
-            if a <= b:
+            if a <= b <= max_value:  # a region past the grid (or past int32) is no region
                 st[i], en[i], has[i] = a, b, True
     return st, en, has
 
@@ -162,10 +163,10 @@ def region_consistency(x: ShapingInputs, *, pattern: str = REGION_RE, max_cells:
     """GUI-RCPO: the reward is the mean vote of the group's regions over the response's own region
     (:func:`jaxrl_llm.core.region_consistency_reward`), no label used; regions parsed from the
     completions with ``pattern`` (default ``[start, end]``, inclusive integers)."""
-    st, en, has = parse_regions(list(x.completions), pattern)
-    if has.any() and int(en[has].max()) >= max_cells:
-        raise ValueError(f"recipe.shaping=region_consistency: a region ends at {int(en[has].max())}, beyond max_cells="
-                         f"{max_cells} (raise recipe.shaping.max_cells if the grid is that large)")
+    if not (isinstance(max_cells, int) and max_cells >= 1):
+        raise ValueError(f"recipe.shaping.max_cells must be an int >= 1, got {max_cells!r}")
+    # a region past the grid is a response that predicted nothing usable: no region, reward 0
+    st, en, has = parse_regions(list(x.completions), pattern, max_value=max_cells - 1)
     grid = int(en[has].max()) + 1 if has.any() else 1
     grid = 1 << max(grid - 1, 0).bit_length()  # a power of two: few distinct compiled shapes
     r = core.region_consistency_reward(jnp.asarray(st), jnp.asarray(en), jnp.asarray(has), *_g(x), grid=grid)

@@ -392,7 +392,11 @@ def cosine_length_reward(correct: jnp.ndarray, lengths: jnp.ndarray, *, max_leng
     ``L = 0`` the reward is ``hi``, at ``L = L_max`` it is ``lo`` (1.0 -> 0.5 when correct, 0.0 ->
     -0.5 when wrong, by default). Past ``L_max`` the cosine goes on (it rises again, back to
     ``hi`` at ``2 L_max``), as in the code the open-r1 / Open-RS runs used; ``clamp_length``
-    holds ``L`` at ``L_max`` instead.
+    holds ``L`` at ``L_max`` instead. The code names its wrong-answer bounds the other way round
+    (its ``min_value_wrong`` is the value at length 0, its ``max_value_wrong`` the value at
+    ``L_max``): Open-RS's ``0.0 / -0.5`` are ``max_wrong=0.0, min_wrong=-0.5`` here (the defaults: a
+    longer wrong answer loses more, as in its runs); open-r1's own defaults ``-1.0 / -0.5`` (a
+    longer wrong answer loses less, Yeo et al.'s design) are ``max_wrong=-1.0, min_wrong=-0.5``.
 
     Papers: Yeo et al., "Demystifying Long Chain-of-Thought Reasoning in LLMs",
     arXiv:2502.03373 (the cosine reward); used by Dang and Ngo, "Reinforcement Learning for

@@ -19,6 +19,7 @@ its shape) and computed here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -446,9 +447,13 @@ def _decs_token_rewards(tr, step: StepBatch) -> None:
     cand = []  # (prefix text, row, tokens in the prefix, prefix ids)
     for i in np.flatnonzero(correct & cm.any(1)):
         ids = [int(t) for t in toks[i][cm[i]]]
-        pieces = [tr.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
+        # each token's text as it reads in context (prefix decodes: multi-byte characters and
+        # leading spaces of SentencePiece tokens stay whole)
+        prefixes = [tr.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(len(ids) + 1)]
+        pieces = [prefixes[k + 1][len(prefixes[k]):] if prefixes[k + 1].startswith(prefixes[k]) else
+                  prefixes[k + 1][len(os.path.commonprefix([prefixes[k], prefixes[k + 1]])):] for k in range(len(ids))]
         for e in decs_chunk_ends(pieces):
-            cand.append(("".join(pieces[:e]), int(i), e, ids[:e]))
+            cand.append((prefixes[e], int(i), e, ids[:e]))
     if cand:
         res = tr.rewards([step.prompts[gid[c[1]]] for c in cand], [c[0] for c in cand],
                          completion_ids=[c[3] for c in cand], completion_lengths=[c[2] for c in cand],

@@ -536,6 +536,9 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.hints={hints.name if hints else ''} puts a response sampled after a hinted prompt into a group "
           f"trained after the plain prompt, as the authors' code does with recomputed old log-probs: set "
           f"recipe.old_logp=recompute")
+    _need(not ("teacher_logp" in loss.part.requires and kl_on),
+          f"recipe.loss={loss.name} puts the reverse-DPO model in the reference slot: a KL term would pull the policy "
+          f"towards it (set recipe.kl.coef=0)")
     _need("hinted" not in loss.part.requires or trains_in_plain_context(hints),
           f"recipe.loss={loss.name} reshapes the ratio of rows sampled with a hint and trained after the plain "
           f"prompt: set recipe.hints to a part that does that "

@@ -38,3 +38,9 @@ def test_aepo_needs_recomputed_old_log_probs():
         make("grpo", g=4, loop_part={"name": "aepo"})
     with pytest.raises(ConfigError, match="prompt_frac"):
         make("grpo", g=4, old_logp="recompute", loop_part={"name": "aepo", "prompt_frac": 2.0})
+
+
+def test_aepo_refuses_importance_corrections():
+    with pytest.raises(ConfigError, match="recipe.is_weights"):
+        make("grpo", g=4, old_logp="recompute", mismatch=True, is_weights={"name": "icepop"},
+             loop_part={"name": "aepo"})

@@ -35,3 +35,11 @@ def test_the_teacher_pass_and_a_run():
 def test_the_two_models_are_required():
     with pytest.raises(ValueError, match="aux_params .the DPO model. and ref_params"):
         make("grpo", g=4, loss={"name": "aligndistil"}, ref=True)
+
+
+def test_no_kl_term_beside_the_reverse_model():
+    from jaxrl_llm.algorithms import RegistryError
+    from jaxrl_llm.training.recipes import recipe
+
+    with pytest.raises(RegistryError, match="recipe.kl.coef=0"):
+        recipe("grpo", loss={"name": "aligndistil"}, kl={"coef": 0.05})

@@ -14,7 +14,8 @@ from jaxrl_llm.config import ConfigError
 
 
 def test_budgets_summaries_and_segment_advantages():
-    tr = make("grpo", g=4, reward=[target_frac], buckets=(32,), advantage={"name": "brpo", "prior": "uniform"},
+    # the run's prompt bucket holds only the prompt: the summaries get a sampler of their own
+    tr = make("grpo", g=4, reward=[target_frac], advantage={"name": "brpo", "prior": "uniform"},
               loop_part={"name": "brpo", "num_budgets": 2, "summaries": 2, "summary_text": ""})
     m = tr.step()
     assert "brpo/score_b0" in m and "brpo/score_b1" in m

@@ -32,3 +32,8 @@ def test_the_estimator_needs_its_loop_part():
     tr = make("grpo", g=2, reward=[target_frac], ref=True, advantage={"name": "nash_md"})
     with pytest.raises(ConfigError, match="recipe.loop_part=nash_md"):
         tr.step()
+
+
+def test_nash_md_refuses_an_allocator():
+    with pytest.raises(ConfigError, match="recipe.allocator"):
+        make("nash_md", g=2, reward=[target_frac], ref=True, allocator={"name": "knapsack"})

@@ -52,7 +52,15 @@ class AEPO(NamedLoopPart):
     requires = (Need("old_logp=recompute", "the injected rows were sampled at another temperature: set "
                                            "recipe.old_logp=recompute"),)
     conflicts = (Clash("episodes", "it re-samples single-turn prompts; the agent loop does not run it"),
-                 Clash("rollout.asynchronous", "the injected rows are sampled with the step's policy"))
+                 Clash("rollout.asynchronous", "the injected rows are sampled with the step's policy"),
+                 Clash("rollout.tree_segment", "the tree sampler has no per-call temperature"))
+
+    def attach(self, ctx) -> None:
+        rec = ctx.recipe
+        if rec.is_correction is not None or rec.rejection is not None:
+            raise ConfigError("recipe.loop_part=aepo injects rows sampled at another temperature, whose sampler "
+                              "log-probs are not the policy's: it cannot be combined with recipe.is_weights or "
+                              "recipe.rejection")
 
     def __init__(self, *, target: float = 0.5, t_high: float = 1.2, t_low: float = 0.8, prompt_frac: float = 0.25,
                  max_rows: int = 60, threshold: float = 0.05):

@@ -62,13 +62,18 @@ class BudgetSummaries(NamedLoopPart):
                               f"summaries are drawn with the run's sampler")
         batch, roll = rnd.t_batch, rnd.t_roll
         toks, mask = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+        stopped = np.asarray(roll.stopped).astype(bool)
         pidx = np.asarray(roll.prompt_index)
         n, length = toks.shape
         tail = _encode(ctx.tokenizer, self.summary_text)
+        # each trace without its stop token (the summary continues the thinking, not an ended turn)
+        traces = [toks[i][mask[i]][:-1] if stopped[i] and mask[i].any() else toks[i][mask[i]] for i in range(n)]
+        width = max(len(p) for p in batch.prompt_ids) + length + len(tail)
+        sampler = self._sampler(ctx, width)
         out = np.zeros((n, self.num_budgets), np.float32)
         for j, b in enumerate(budget_bounds(length, self.num_budgets)):
-            prompts = [list(batch.prompt_ids[pidx[i]]) + toks[i][mask[i]][:b].tolist() + tail for i in range(n)]
-            sub = ctx.sample(rnd.params, prompts, jax.random.fold_in(rnd.key, 0xB290 + j))
+            prompts = [list(batch.prompt_ids[pidx[i]]) + traces[i][:b].tolist() + tail for i in range(n)]
+            sub = sampler(rnd.params, prompts, jax.random.fold_in(rnd.key, 0xB290 + j), *ctx.frozen)
             keep = (np.arange(n)[:, None] * g + np.arange(self.summaries)[None]).ravel()
             sub = take_rollout_rows(sub, keep)._replace(prompt_index=np.repeat(np.arange(n), self.summaries)
                                                         .astype(np.int32))
@@ -79,6 +84,26 @@ class BudgetSummaries(NamedLoopPart):
             self._metrics[f"brpo/score_b{j}"] = float(out[:, j].mean())
         self._scores[rnd.index] = out
         return rnd
+
+    @staticmethod
+    def _sampler(ctx, width: int):
+        """The summaries' sampler: the run's, with one length bucket that holds a prompt, a whole
+        trace and the summary text (built once per width, its batch sizes bucketed)."""
+        import dataclasses
+
+        from jaxrl_llm.rollout import Sampler
+        from jaxrl_llm.shapes import bucket
+
+        width = bucket(width, tuple(2 ** k for k in range(4, 20)))
+        key = ("brpo", width)
+        sampler = ctx.aux_samplers.get(key)
+        if sampler is None:
+            base = ctx.sampler
+            sampler = ctx.aux_samplers[key] = Sampler(base.graphdef, dataclasses.replace(base.config),
+                                                      length_buckets=(width,),
+                                                      batch_buckets=tuple(2 ** k for k in range(3, 17)),
+                                                      mesh=base.mesh, unroll_layers=base.unroll_layers)
+        return sampler
 
     def assemble(self, ctx, step):
         if "budget_scores" not in ctx.recipe.requires:

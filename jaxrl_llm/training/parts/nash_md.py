@@ -36,7 +36,10 @@ class NashMD(NamedLoopPart):
     key = "recipe.loop_part=nash_md"
     phases = frozenset({"resample", "assemble"})
     conflicts = (Clash("episodes", "it samples single-turn opponents; the agent loop does not run it"),
-                 Clash("rollout.asynchronous", "the opponents are sampled with the step's policy"))
+                 Clash("rollout.asynchronous", "the opponents are sampled with the step's policy"),
+                 Clash("recipe.allocator", "each policy response is paired with a mixture response of the same row: "
+                                           "the rounds need num_samples responses per prompt"),
+                 Clash("rollout.tree_segment", "the tree sampler does not sample a mixture"))
 
     def __init__(self, *, mixture_coef: float = 0.5, temperature: float = 1.0):
         if not (isinstance(mixture_coef, (int, float)) and 0.0 <= mixture_coef <= 1.0):
@@ -48,6 +51,9 @@ class NashMD(NamedLoopPart):
         self._metrics: dict[str, float] = {}
 
     def attach(self, ctx) -> None:
+        if getattr(getattr(ctx, "sampler", None), "mesh", None) is not None:
+            raise ConfigError("recipe.loop_part=nash_md samples its mixture on one device: it cannot run with a sampler "
+                              "mesh")
         if getattr(ctx, "ref_params", None) is None:
             raise ConfigError("recipe.loop_part=nash_md samples from a mixture with the reference policy: the run needs "
                               "one (a KL term, e.g. recipe.loss=nash_md)")
