@@ -447,13 +447,16 @@ def _decs_token_rewards(tr, step: StepBatch) -> None:
     cand = []  # (prefix text, row, tokens in the prefix, prefix ids)
     for i in np.flatnonzero(correct & cm.any(1)):
         ids = [int(t) for t in toks[i][cm[i]]]
-        # each token's text as it reads in context (prefix decodes: multi-byte characters and
-        # leading spaces of SentencePiece tokens stay whole)
-        prefixes = [tr.tokenizer.decode(ids[:k], skip_special_tokens=True) for k in range(len(ids) + 1)]
-        pieces = [prefixes[k + 1][len(prefixes[k]):] if prefixes[k + 1].startswith(prefixes[k]) else
-                  prefixes[k + 1][len(os.path.commonprefix([prefixes[k], prefixes[k + 1]])):] for k in range(len(ids))]
+        # each token's text after the token before it (a two-token decode keeps the leading space
+        # of a SentencePiece token); the verifier reads whole-prefix decodes at the chunk ends only
+        dec = tr.tokenizer.decode
+        pieces = []
+        for k in range(len(ids)):
+            one = dec(ids[max(k - 1, 0):k], skip_special_tokens=True)
+            two = dec(ids[max(k - 1, 0):k + 1], skip_special_tokens=True)
+            pieces.append(two[len(os.path.commonprefix([one, two])):])
         for e in decs_chunk_ends(pieces):
-            cand.append((prefixes[e], int(i), e, ids[:e]))
+            cand.append((dec(ids[:e], skip_special_tokens=True), int(i), e, ids[:e]))
     if cand:
         res = tr.rewards([step.prompts[gid[c[1]]] for c in cand], [c[0] for c in cand],
                          completion_ids=[c[3] for c in cand], completion_lengths=[c[2] for c in cand],
