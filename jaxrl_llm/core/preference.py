@@ -35,6 +35,7 @@ from jaxrl_llm.core import _checks
 from jaxrl_llm.core.stats import safe_divide
 
 __all__ = [
+    "mpo_easy_pairs",
     "c3po_loss",
     "tgdpo_token_weights",
     "tgdpo_loss",
@@ -231,6 +232,32 @@ def sigmoid_dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejecte
 #: C3PO's prompt scopes (the ``scope`` column): the feedback applies; a near-scope prompt it must
 #: not change; an unrelated prompt
 C3PO_SCOPES = ("in", "near", "out")
+
+
+def mpo_easy_pairs(chosen_scores, rejected_scores, *, threshold: float) -> jnp.ndarray:
+    """MPO's data split: a pair is *easy* when a reward model scores its chosen response at least
+    ``threshold`` above its rejected one, ``r(x, y_w) - r(x, y_l) >= threshold``, and *hard*
+    otherwise (a small gap, or one the reward model reverses).
+
+    MPO trains DPO on the easy pairs first, then RL (PPO) on the hard ones from the DPO model, which
+    is also the RL stage's reference policy (in a run config: ``pairs.split=easy`` in the
+    preference run, then ``model.init_params=<its final_params>`` in the RL run).
+
+    Paper: Gou and Nguyen, "Mixed Preference Optimization: Reinforcement Learning with Data
+    Selection and Better Reference Model" (MPO), arXiv:2403.19443. The signed gap (a pair the
+    reward model ranks the other way round is hard) is our reading; ``threshold`` has no default.
+    Identity: ``threshold = -inf`` keeps every pair easy (plain DPO on all the data).
+
+    Args:
+      chosen_scores, rejected_scores: ``[B]`` reward-model scores of the two responses.
+      threshold: the gap at and above which a pair is easy.
+
+    Returns:
+      ``[B]`` bool, True for the easy pairs.
+    """
+    _check_seq_floats(chosen_scores=chosen_scores, rejected_scores=rejected_scores)
+    gap = jnp.asarray(chosen_scores, jnp.float32) - jnp.asarray(rejected_scores, jnp.float32)
+    return _sg(gap >= jnp.float32(threshold))
 
 
 def c3po_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, scope, *,

@@ -60,6 +60,16 @@ FEATURES: tuple[dict[str, Any], ...] = (
      "note": "each prompt group's prompt is encoded once in every log-prob pass of the update and its rows "
              "attend to it; unset (the default): on wherever the update stays the same computation "
              "(jaxrl_llm.training.prefix, TrainSpec)"},
+    {"kind": "training feature", "key": "pairs.split", "name": "mpo",
+     "paper": "Mixed Preference Optimization: Reinforcement Learning with Data Selection and Better Reference Model "
+              "(MPO; Gou and Nguyen), arXiv:2403.19443",
+     "core": ["mpo_easy_pairs"], "requires": [], "defaults": {}, "methods": [201],
+     "verified": "hand values; a two-stage run (DPO on the easy pairs, RL from its parameters as the reference)",
+     "tests": "tests/training/test_mpo.py",
+     "note": "stage 1: a preference run with pairs.split=easy, pairs.margin=<gap> on a pairs file with reward-model "
+             "scores (pairs.score_fields); stage 2: an RL run with model.init_params=<its final_params> (policy and "
+             "KL reference start from the DPO model); not reproduced: the RL stage on the hard pairs' prompts with "
+             "the reward model (the RL run uses its task's reward), PPO's critic is recipe.name=ppo"},
 )
 
 

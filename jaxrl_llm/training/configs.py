@@ -41,7 +41,9 @@ class ModelSpec:
     ``sft_params/``): the auxiliary policy whose per-token log-probs RTO's dense rewards and
     TGDPO's token weights read (a DPO-trained model in those papers). ``reverse_params``: the
     same for AlignDistil's reverse-DPO model (trained on swapped preferences), its teacher's
-    second model beside ``aux_params``.
+    second model beside ``aux_params``. ``init_params``: a parameter directory of the same kind
+    the RL policy starts from instead of ``source``'s weights (the frozen reference of a KL term
+    starts there too): MPO's second stage, RL from the DPO model with it as the reference.
     """
 
     source: str = "smollm2"
@@ -67,6 +69,7 @@ class ModelSpec:
     offload_reference: bool = False
     aux_params: str = ""
     reverse_params: str = ""
+    init_params: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +408,10 @@ class PairsSpec:
     rows with ``prompt``, ``chosen``, ``rejected`` (jsonl, parquet, a saved HF dataset) and
     ``eval_source`` the held-out pairs. ``batch_size``: pairs per optimiser step.
     ``scope_field``: the row field giving each pair's scope (``in`` / ``near`` / ``out``), read by
-    ``recipe.loss=c3po``.
+    ``recipe.loss=c3po``. ``split``: MPO's data selection (:func:`jaxrl_llm.core.mpo_easy_pairs`)
+    of a pairs file's rows by their reward-model scores (the row fields ``score_fields``, chosen
+    then rejected): ``"easy"`` trains on the pairs whose score gap is ``>= margin``, ``"hard"`` on
+    the others (``""``: every pair); the held-out pairs are not split.
     """
 
     source: str = "self"
@@ -418,6 +424,9 @@ class PairsSpec:
     iterations: int = 1
     keep_previous: bool = True
     scope_field: str = ""
+    split: str = ""
+    score_fields: tuple[str, str] = ("score_chosen", "score_rejected")
+    margin: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -142,21 +142,22 @@ def _bad_source(src: str) -> str:
     return f"model.source must be {kinds}, got {src!r}"
 
 
-def load_aux_params(path: str, template: Any) -> Any:
-    """The auxiliary policy's parameters (``model.aux_params``): an Orbax parameter directory
-    restored onto ``template`` (the policy's trained parameters: same tree, shapes and
-    shardings). A missing directory or a different layout is a one-line config error."""
+def load_aux_params(path: str, template: Any, key: str = "model.aux_params") -> Any:
+    """The auxiliary policy's parameters (``model.aux_params``; ``key`` names the setting in the
+    errors): an Orbax parameter directory restored onto ``template`` (the policy's trained
+    parameters: same tree, shapes and shardings). A missing directory or a different layout is a
+    one-line config error."""
     import orbax.checkpoint as ocp
 
     from jaxrl_llm.config import ConfigError
 
     p = Path(path).absolute()
     if not p.is_dir():
-        raise ConfigError(f"model.aux_params={path!r}: no such parameter directory (a preference run writes "
+        raise ConfigError(f"{key}={path!r}: no such parameter directory (a preference run writes "
                           f"final_params/, an RL run with an SFT warm-up sft_params/)")
     try:
         with ocp.StandardCheckpointer() as c:
             return c.restore(p, template)
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"model.aux_params={path!r} does not match the policy's parameters (same model.source, "
+        raise ConfigError(f"{key}={path!r} does not match the policy's parameters (same model.source, "
                           f"sizes and LoRA setting needed): {str(e).splitlines()[0][:300]}") from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,20 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
     if p.source == "spin" and not obj.paired:
         raise ConfigError(f"pairs.source=spin plays the reference answer against the policy's own sample as a "
                           f"pair; loss {obj.name!r} takes unpaired rows (use a paired loss: spin, dpo, ipo, ...)")
+    if p.split not in ("", "easy", "hard"):
+        raise ConfigError(f"pairs.split must be '', 'easy' or 'hard' (MPO's data selection), got {p.split!r}")
+    if p.split and p.source in ("self", "spin"):
+        raise ConfigError(f"pairs.split={p.split!r} selects pairs by their reward-model scores: it needs a pairs file "
+                          f"whose rows carry them (pairs.source=<file>, pairs.score_fields), not "
+                          f"pairs.source={p.source!r}")
+    if p.split and (p.margin is None or not math.isfinite(p.margin)):
+        raise ConfigError(f"pairs.split={p.split!r} needs pairs.margin, the score gap at and above which a pair is "
+                          f"easy (a finite number), got {p.margin!r}")
+    if len(p.score_fields) != 2 or not all(isinstance(f, str) and f for f in p.score_fields):
+        raise ConfigError(f"pairs.score_fields must be two field names (chosen, rejected), got {p.score_fields!r}")
+    if cfg.model.init_params:
+        raise ConfigError("model.init_params starts an RL run from another run's parameters; a preference run "
+                          "starts from model.source (and its SFT warm-up)")
     if p.source not in ("self", "spin"):
         for key, path in (("pairs.source", p.source), ("pairs.eval_source", p.eval_source)):
             if not path:
@@ -171,12 +186,40 @@ def _pairs(cfg: PreferenceRunConfig, task, train_rows, eval_rows, gd, params, to
         held_out = [held[i] for i in range(min(p.held_out, len(held)))]
         if not pairs or not held_out:
             raise ConfigError(f"pairs.source={p.source!r} / pairs.eval_source={p.eval_source!r}: no rows")
-        return pairs, held_out, {"pairs": len(pairs), "seconds": time.perf_counter() - t0}
+        info = {"pairs": len(pairs)}
+        if p.split:
+            pairs, counts = _mpo_split(pairs, p)
+            info.update(counts)
+            if not pairs:
+                raise ConfigError(f"pairs.split={p.split!r} with pairs.margin={p.margin}: none of the "
+                                  f"{info['pairs']} pairs of {p.source!r} is {p.split}")
+        return pairs, held_out, {**info, "seconds": time.perf_counter() - t0}
     sampler = _sampler(cfg, gd, tok)
     pairs, info = self_generated_pairs(task, train_rows[:p.prompts], sampler, params, tok, cfg.run.seed)
     held_out, _ = self_generated_pairs(task, eval_rows[:p.held_out], sampler, params, tok, cfg.run.seed + 1)
     info["seconds"] = time.perf_counter() - t0
     return pairs, held_out, info
+
+
+def _mpo_split(pairs: list[dict], p) -> tuple[list[dict], dict]:
+    """The pairs of MPO's ``pairs.split`` (easy: score gap ``>= pairs.margin``) and the counts
+    (the run's report); a row without a numeric score is a
+    :class:`~jaxrl_llm.data.DataError` naming it."""
+    from jaxrl_llm.core import mpo_easy_pairs
+    from jaxrl_llm.data.sources import WHERE, DataError
+
+    scores = np.zeros((len(pairs), 2), np.float64)
+    for i, row in enumerate(pairs):
+        for j, f in enumerate(p.score_fields):
+            v = row.get(f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise DataError(f"{row.get(WHERE, f'pairs row {i}')}: pairs.split={p.split} reads the reward-model score "
+                                f"{f!r}, which must be a finite number, got {v!r}")
+            scores[i, j] = v
+    easy = np.asarray(mpo_easy_pairs(scores[:, 0], scores[:, 1], threshold=float(p.margin)))
+    keep = easy if p.split == "easy" else ~easy
+    counts = {"mpo_split": p.split, "mpo_easy": int(easy.sum()), "mpo_hard": int((~easy).sum())}
+    return [row for row, k in zip(pairs, keep) if k], counts
 
 
 def _kto_rows(pairs: list[dict]) -> list[dict]:

@@ -537,6 +537,10 @@ def _setup(cfg: RLRunConfig, resolved: dict) -> _Setup:
         mesh = make_mesh(*m_.shape_axes())
     model, tok = load_policy(cfg.model, seed=cfg.run.seed, mesh=mesh)
     gd, params, frozen_state = nnx.split(model, trainable(model.cfg), ...)
+    if cfg.model.init_params:  # the policy (and so the reference) starts from another run's parameters
+        from jaxrl_llm.training.loading import load_aux_params
+
+        params = load_aux_params(cfg.model.init_params, params, "model.init_params")
     stop = end_of_turn_id(tok, cfg.data.chat)
     pad = tok.pad_token_id if tok.pad_token_id is not None else stop
     return _Setup(cfg, out, host0, mesh, gd, params, frozen_state, model.cfg, tok, stop, pad, sampler_mesh)
@@ -674,7 +678,7 @@ def _trainer(s: _Setup, rec: RLRecipe, params, train_src, reward_fn, evaluate, t
     if "teacher_logp" in rec.requires:  # AlignDistil: the reverse-DPO model takes the reference's slot
         from jaxrl_llm.training.loading import load_aux_params
 
-        ref_params = load_aux_params(cfg.model.reverse_params, params)
+        ref_params = load_aux_params(cfg.model.reverse_params, params, "model.reverse_params")
     def encode(raw):  # a (hinted) prompt rendered and tokenised as the data pipeline does
         from jaxrl_llm.data.pipeline import encode_prompt
 

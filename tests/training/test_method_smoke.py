@@ -54,7 +54,7 @@ def _kind(r) -> str:
         return "agent"
     if r["key"] == "recipe.name":  # a recipe study's preset
         return "rl"
-    if r["key"] == "train.shared_prefix":
+    if r["key"] in ("train.shared_prefix", "pairs.split"):
         return "feature"
     return "unknown"
 
@@ -189,7 +189,8 @@ def _preference(r):
 
 
 def _feature(r):
-    """A training feature (Prefix Grouper: ``train.shared_prefix=true``): a two-step run of the runner."""
+    """A training feature (Prefix Grouper: ``train.shared_prefix=true``; MPO: ``pairs.split``): a
+    two-step run of the runner (MPO: of its DPO stage on the easy pairs)."""
     import json
     import tempfile
     from pathlib import Path
@@ -198,6 +199,13 @@ def _feature(r):
 
     from jaxrl_llm.training.runner import TrainSpec, run_rl
 
+    if r["key"] == "pairs.split":
+        from test_mpo import dpo_on_easy_pairs
+
+        with tempfile.TemporaryDirectory() as out:
+            dpo_on_easy_pairs(Path(out), steps=2)
+            rows = [json.loads(x) for x in (Path(out) / "dpo" / "metrics.jsonl").read_text().splitlines()]
+            return [x for x in rows if "loss" in x]
     assert r["key"] == "train.shared_prefix", r
     with tempfile.TemporaryDirectory() as out:
         run_rl(_tiny(out, train=TrainSpec(shared_prefix=True)))
