@@ -125,6 +125,15 @@ for _part in (
          note="PPO clip - 0.001 H + the smoothing hinge outside [0.8, 1.2] x each turn's historical entropy (x 0.1, "
               "x the phase weight over phase_steps when set); the released penalty is a constant without gradient: "
               "ours is a hinge on the entropy (our decision, docstring); the history is a loop part, checkpointed"),
+    Part("entropy_balanced", core.entropy_balanced_loss,
+         paper="Agentic Entropy-Balanced Policy Optimization (AEPO, agentic; Dong et al.), arXiv:2510.14545",
+         core=("entropy_balanced_loss",), methods=(72,),
+         verified="hand values, paper identity (both parts off: PPO clip); the authors' code's rule and constants "
+                  "(RUC-NLPIR/ARPO @81e3a5d)",
+         tests="tests/core/test_policy_losses.py, tests/conformance/test_aepo_agentic.py", flags=(("entropy", True),),
+         note="advantage x (1 + 0.2 x the token entropy standardised over the batch), and above 1 + eps_high a "
+              "clipped ratio (1 + eps) rho / sg(rho) that keeps the token's gradient; not reproduced: the rollout "
+              "side (entropy pre-monitoring of global vs branch samples, the consecutive-branch penalty)"),
     Part("aligndistil", _aligndistil, paper="AlignDistil: Token-Level Language Model Alignment as Adaptive Policy "
                                             "Distillation (Zhang et al.), arXiv:2503.02832",
          core=("aligndistil_loss", "aligndistil_teacher"), requires=frozenset({"teacher_logp", "teacher_weight"}),

@@ -38,6 +38,7 @@ __all__ = [
     "COMMON_METRICS",
     "ppo_clip_loss",
     "gppo_loss",
+    "entropy_balanced_loss",
     "gspo_loss",
     "cispo_loss",
     "papo_loss",
@@ -212,6 +213,61 @@ def gppo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
         clipped = sg(clipped_val) * (beta * (ratio / sg(ratio)) + (1.0 - beta))
     loss, met = _clipped_surrogate(ratio, clipped, adv, m, clip_low, clip_high, dual_clip)
     met.update(ratio_metrics(lp - olp, m))
+    return _finish(loss, m, is_weights), met
+
+
+def entropy_balanced_loss(logp, old_logp, advantages, mask, *, entropy, entropy_weight: float = 0.2,
+                          clip_low: float = 0.2, clip_high: float | None = None, dual_clip: float | None = 3.0,
+                          balanced_clip: bool = True, balanced_advantage: bool = True, is_weights=None):
+    """AEPO (agentic): entropy-balanced policy optimisation's loss -- an entropy-aware advantage
+    and a gradient-preserving upper clip.
+
+    - advantage: ``A_t (1 + w sg(z_t))`` with ``z_t = (H_t - mean H) / std H`` the token entropy
+      standardised over the batch's valid tokens (``std`` with ``n - 1``, 1 where it is 0), ``w =
+      entropy_weight``: high-entropy tokens weigh more, low-entropy ones less;
+    - clip: ``L = max(-A rho, -A clip(rho))`` where above ``1 + eps_high`` the clipped ratio is
+      ``(1 + eps_high) rho / sg(rho)``: its value is PPO's, but the token keeps the gradient
+      ``-(1 + eps_high) A grad log pi`` instead of none; below ``1 - eps_low`` the ordinary clip;
+      then the dual clip for ``A < 0`` (``c = dual_clip``).
+
+    Paper: Dong et al., "Agentic Entropy-Balanced Policy Optimization" (AEPO), arXiv:2510.14545;
+    code ``RUC-NLPIR/ARPO`` @81e3a5d (``AEPO/verl_aepo_entropy/verl/trainer/ppo/core_algos.py``,
+    ``compute_policy_loss_entropy_balanced_clipping``): the weight 0.2, the standardisation over
+    a micro-batch's valid tokens (torch's ``std``), eps 0.2 / 0.2, ``c`` 3. The code's log-ratio is
+    not clamped; ours is clamped at +-20 as everywhere. Its released scripts turn both parts on
+    but leave the entropy uncomputed (``entropy_coeff = 0``), so the advantage term is inactive
+    there; here ``entropy`` is the current policy's token entropy, detached. Identity:
+    ``balanced_clip = balanced_advantage = False`` (or ``entropy_weight = 0`` with the plain clip)
+    is PPO's clip; the loss *value* does not depend on ``balanced_clip``.
+
+    Args:
+      logp, old_logp, advantages, mask, entropy: ``[B, T]``.
+
+    Returns:
+      ``(loss [B, T], metrics)``: PPO's metrics and ``aepo_entropy_z_abs`` (mean ``|z_t|``).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high, dual_clip)
+    _checks.check_positive("entropy_weight", entropy_weight, allow_zero=True)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    _checks.check_token_args(logp=logp, entropy=entropy)
+    h = sg(_checks.zero_outside(_checks.as_float(entropy), m))
+    n = jnp.sum(m)
+    mean = jnp.sum(h * m) / jnp.maximum(n, 1.0)
+    var = jnp.sum(jnp.square(h - mean) * m) / jnp.maximum(n - 1.0, 1.0)
+    std = jnp.sqrt(var)
+    std = jnp.where((std == 0) | (n < 2), 1.0, std)  # one token: torch's std is nan (ours: 1)
+    z = jnp.where(m > 0, (h - mean) / std, 0.0)
+    if balanced_advantage:
+        adv = adv * (1.0 + entropy_weight * z)
+    log_ratio = jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    if balanced_clip:
+        clipped = jnp.where(ratio > 1.0 + clip_high, (1.0 + clip_high) * ratio / sg(ratio), clipped)
+    loss, met = _clipped_surrogate(ratio, clipped, adv, m, clip_low, clip_high, dual_clip)
+    met.update(ratio_metrics(lp - olp, m))
+    met["aepo_entropy_z_abs"] = sg(masked_mean(jnp.abs(z), m))
     return _finish(loss, m, is_weights), met
 
 

@@ -222,6 +222,8 @@ R.update({
     "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
     "papo_loss": (lambda lp, o, a, m: C.papo_loss(lp, o, a, m, masked_logp=o - 0.3, gamma=0.02, eta_ori=0.05,
                                                   eta_aug=0.05), tok4, 3),
+    "entropy_balanced_loss": (lambda lp, o, a, m: C.entropy_balanced_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1),
+                              tok4, 3),
     "epo_loss": (lambda lp, o, a, m: C.epo_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1, epo_entropy_ref=jnp.abs(a) + 0.2,
                                                 epo_phase_weight=np.full(B, 0.9, np.float32)), tok4, 3),
     "aligndistil_loss": (lambda lp, o, a, m: C.aligndistil_loss(lp, o, a, m, teacher_logp=o * 1.1,

@@ -450,3 +450,31 @@ def test_aligndistil_loss_is_the_score_function_form_of_the_reverse_kl():
         return beta / w * jnp.sum(jnp.exp(lp) * (lp - t))
 
     np.testing.assert_allclose(jax.grad(expected)(z), jax.grad(kl)(z), rtol=1e-5, atol=1e-7)
+
+
+def test_entropy_balanced_hand_values_gradient_and_identity():
+    """AEPO (agentic): the advantage scaled by 1 + 0.2 z(entropy); the clip above 1 + eps keeps
+    the gradient (1 + eps) A; both parts off is PPO's clip."""
+    lp = np.zeros((1, 3), np.float32)
+    m = np.ones((1, 3), np.float32)
+    a = np.ones((1, 3), np.float32)
+    ent = np.array([[1.0, 2.0, 3.0]], np.float32)  # mean 2, std (n - 1) 1: z = -1, 0, 1
+    per, met = P.entropy_balanced_loss(lp, lp, a, m, entropy=ent)
+    np.testing.assert_allclose(np.asarray(per), [[-0.8, -1.0, -1.2]], rtol=1e-6)
+    np.testing.assert_allclose(float(met["aepo_entropy_z_abs"]), 2 / 3, rtol=1e-6)
+    # the clip: ratio e^0.5 > 1.2 with A > 0: value (1.2) A as PPO, gradient -(1.2) A instead of 0
+    lp2, old2 = np.array([[0.5, 0.0, -0.5]], np.float32), np.zeros((1, 3), np.float32)
+    a2 = np.array([[1.0, 1.0, -1.0]], np.float32)
+    flat = np.ones((1, 3), np.float32)  # equal entropies: z = 0
+    f = lambda x, bc: jnp.sum(P.entropy_balanced_loss(x, old2, a2, m, entropy=flat, balanced_clip=bc)[0])  # noqa: E731
+    np.testing.assert_allclose(float(f(lp2, True)), float(f(lp2, False)), rtol=1e-6)
+    np.testing.assert_allclose(float(f(lp2, True)), -1.2 - 1.0 + 0.8, rtol=1e-5)  # clipped high, inside, clipped low
+    g_on, g_off = np.asarray(jax.grad(f)(lp2, True)), np.asarray(jax.grad(f)(lp2, False))
+    np.testing.assert_allclose(g_on[0, 0], -1.2, rtol=1e-5)
+    assert g_off[0, 0] == 0.0
+    np.testing.assert_allclose(g_on[0, 1:], g_off[0, 1:], rtol=1e-6)  # inside the range / below it: as PPO
+    # identity: both parts off is PPO's clip with its dual clip
+    lp3, o3, a3, m3 = _inputs(3)
+    e3 = np.abs(np.random.default_rng(3).normal(size=lp3.shape)).astype(np.float32)
+    got = P.entropy_balanced_loss(lp3, o3, a3, m3, entropy=e3, balanced_clip=False, balanced_advantage=False)[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(P.ppo_clip_loss(lp3, o3, a3, m3)[0]), rtol=1e-6, atol=1e-7)
