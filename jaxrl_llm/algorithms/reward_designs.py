@@ -239,6 +239,37 @@ def auto_cei(x: ShapingInputs, *, metric: str | None = None, threshold: float = 
     return _replace(x, r)
 
 
+def trailing_loop_fraction(ids, min_repeats: int = 2) -> float:
+    """The share of ``ids`` inside the repeating block the sequence ends with, CAMPO's ``f(o)``
+    (0.0 without one): for every period ``p`` from 1 to ``len // min_repeats``, the copies of the
+    last ``p`` tokens that precede it back to back are counted; a period with at least
+    ``min_repeats`` copies in all is a loop, and the loop of the *longest* such period sets the
+    start (the authors' ``find_infinite_loop_start``, exact token matching, MiroMind-M1 @3ace1ab)."""
+    a = np.asarray(ids)
+    n = len(a)
+    start = None
+    for p in range(1, n // min_repeats + 1):
+        copies, right = 1, n - p
+        while right - p >= 0 and np.array_equal(a[right - p:right], a[right:right + p]):
+            copies += 1
+            right -= p
+        if copies >= min_repeats:
+            start = right
+    return 0.0 if start is None else (n - start) / n
+
+
+def campo(x: ShapingInputs, *, coef: float = 1.0, constant: float | None = None, min_repeats: int = 2) -> np.ndarray:
+    """CAMPO's repetition penalty (:func:`jaxrl_llm.core.campo_repetition_penalty`) subtracted
+    from the total of the responses cut at the length cap that end in a loop
+    (:func:`trailing_loop_fraction` of their token ids)."""
+    if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 2:
+        raise ValueError(f"recipe.shaping=campo: min_repeats must be an int >= 2, got {min_repeats!r}")
+    frac = np.array([trailing_loop_fraction(t, min_repeats) for t in x.token_ids], np.float32)
+    cut = np.asarray(x.lengths) >= x.max_new_tokens
+    pen = core.campo_repetition_penalty(jnp.asarray(frac), jnp.asarray(cut), coef=coef, constant=constant)
+    return -np.asarray(pen, np.float32)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -350,6 +381,15 @@ for _part in (
          note="+1 right, -1 wrong, a refusal (\"I don't know\", ...) scored tanh(c2 (steps - c1) / 2) by its "
               "reasoning steps (lines before it); not reproduced: the expert iteration and the hill-climbing "
               "curriculum that moves c1 (c1, c2 are arguments; 13 and 0.4 the code's defaults)"),
+    Part("campo", campo, paper="MiroMind-M1: An Open-Source Advancement in Mathematical Reasoning via Context-Aware "
+                               "Multi-Stage Policy Optimization (CAMPO), arXiv:2507.14683",
+         core=("campo_repetition_penalty",), methods=(141,),
+         verified="hand values (the paper's penalty; the authors' code's loop detection and constant, "
+                  "MiroMindAsia/MiroMind-M1 @3ace1ab)", tests=_T, flags=(("needs_ids", True),),
+         note="responses cut at rollout.max_new_tokens that end in a repeating block lose coef x the block's share "
+              "of the response (the paper's f(o); constant=0.1: the released code's flat penalty); not reproduced: "
+              "the length-progressive stages (16K -> 32K -> 48K: runs with a growing rollout.max_new_tokens, resumed "
+              "from each other) and DAPO's dynamic sampling (recipe.group_filter)"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

@@ -39,8 +39,9 @@ class ShapingInputs:
     decoded with special tokens kept, e.g. control tokens added to the vocabulary), ``prompts``
     the ``num_groups`` prompts of the groups, ``step`` the training iteration the completions
     were sampled at (0-based; a schedule's clock), ``state`` a ``stateful`` part's state (its
-    slot of the run's prompt store) and ``prompt_keys`` the groups' prompt keys in that store
-    (the data's source positions; empty outside a run)."""
+    slot of the run's prompt store), ``prompt_keys`` the groups' prompt keys in that store
+    (the data's source positions; empty outside a run) and ``token_ids`` each completion's token
+    ids (given to parts flagged ``needs_ids``, else empty)."""
 
     scores: np.ndarray
     lengths: np.ndarray
@@ -53,6 +54,7 @@ class ShapingInputs:
     step: int = 0
     state: Mapping | None = None
     prompt_keys: tuple[str, ...] = ()
+    token_ids: tuple[np.ndarray, ...] = ()
 
 
 SHAPING = new_registry("reward shaping", "recipe.shaping", "fn(x: ShapingInputs, **params) -> bonus [N]")

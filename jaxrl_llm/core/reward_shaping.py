@@ -33,6 +33,7 @@ __all__ = [
     "cgpo_calibrated_reward",
     "cosine_length_reward",
     "auto_cei_reward",
+    "campo_repetition_penalty",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -447,6 +448,41 @@ def auto_cei_reward(correct: jnp.ndarray, refused: jnp.ndarray, steps: jnp.ndarr
     idk = 2.0 / (1.0 + jnp.exp(-c2 * (_checks.as_float(steps) - c1))) - 1.0
     out = jnp.where(jnp.asarray(correct, bool), 1.0, -1.0)
     return sg(jnp.where(jnp.asarray(refused, bool), idk, out))
+
+
+def campo_repetition_penalty(loop_fraction: jnp.ndarray, truncated: jnp.ndarray, *, coef: float = 1.0,
+                             constant: float | None = None) -> jnp.ndarray:
+    """CAMPO's adaptive repetition penalty, to subtract from the reward of a response that ran
+    into the length cap while repeating itself.
+
+    ``loop_fraction`` is ``f(o)``, the share of the response inside the repeating block it ends
+    with (0 without one; :func:`jaxrl_llm.algorithms.reward_designs.trailing_loop_fraction`): a
+    loop that starts earlier is penalised more. The penalty is ``coef f(o)`` (the paper's Eq. 5-6,
+    ``coef`` 1) or, with ``constant`` set, ``constant`` wherever ``f(o) > 0`` (the authors'
+    released code: 0.1, whatever the fraction), and 0 on responses that ended before the cap.
+
+    Paper: MiroMind-M1, "Context-Aware Multi-Stage Policy Optimization" (CAMPO), arXiv:2507.14683;
+    code ``MiroMindAsia/MiroMind-M1`` @3ace1ab (``verl/trainer/ppo/core_algos.py``:
+    ``find_infinite_loop_start`` and ``compute_campo_outcome_advantage``, which checks only the
+    responses whose mask is full, i.e. cut at the cap). Identity: ``coef = 0`` (no ``constant``)
+    is no penalty.
+
+    Args:
+      loop_fraction: ``[B]`` float in ``[0, 1]``. truncated: ``[B]`` bool, the response hit the cap.
+
+    Returns:
+      ``[B]`` float32 penalties (>= 0), no gradient.
+    """
+    b = _seq("loop_fraction", loop_fraction)
+    _seq("truncated", truncated, b)
+    _checks.check_positive("coef", coef, allow_zero=True)
+    f = _checks.as_float(loop_fraction)
+    if constant is not None:
+        _checks.check_positive("constant", constant, allow_zero=True)
+        pen = jnp.where(f > 0, jnp.float32(constant), 0.0)
+    else:
+        pen = coef * f
+    return sg(jnp.where(jnp.asarray(truncated, bool), pen, 0.0))
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

@@ -2,6 +2,8 @@
 test_rl_recipes_extra.py): every preset and part runs two steps with finite metrics, coupled
 losses see whole groups per mini-batch, and shaping parts write the method's reward."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -154,7 +156,28 @@ def test_shaping_parts_write_the_methods_rewards():
         x.scores > 0, np.asarray(x.lengths, np.float32), np.repeat([0, 1], 4), 2), atol=1e-6)
 
 
-@pytest.mark.parametrize("shaping", ["grpo_lambda", "concise", "otc", "empo", "self_play",
+def test_campo_penalises_cut_responses_that_end_in_a_loop():
+    from jaxrl_llm.algorithms.reward_designs import trailing_loop_fraction
+
+    assert trailing_loop_fraction([1, 2, 3, 4]) == 0.0
+    assert trailing_loop_fraction([1, 2, 3, 3]) == 0.5  # period 1, two copies
+    assert trailing_loop_fraction([9, 1, 2, 1, 2, 1, 2]) == 6 / 7  # period 2, three copies from index 1
+    # the longest period with a loop sets the start: [5, 6, 5, 6] (period 2) and, longer, period 4 twice
+    assert trailing_loop_fraction([7, 5, 6, 5, 6, 5, 6, 5, 6]) == 8 / 9
+    assert trailing_loop_fraction([1, 2, 3, 4, 1, 2, 3, 4, 4]) == 2 / 9  # the ending 4, 4 only
+    assert trailing_loop_fraction([1, 2, 1, 2], min_repeats=3) == 0.0
+    ids = (np.array([1, 2, 3, 4, 5, 6, 7, 8]), np.array([1, 2, 3, 4, 5, 6, 5, 6]), np.array([1, 2, 2]),
+           np.array([3, 1, 1, 1, 1, 1, 1, 1]))
+    x = dataclasses.replace(_inputs([1, 1, 1, 0], [8, 8, 3, 8]), token_ids=ids)  # the third ended before the cap
+    # the last row: period 1 would start the loop at index 1, but period 3 (the longest with a copy) at 2
+    np.testing.assert_allclose(x.scores + SHAPING["campo"].fn(x), [1, 1 - 0.5, 1, 0 - 6 / 8], atol=1e-6)
+    np.testing.assert_allclose(x.scores + SHAPING["campo"].fn(x, constant=0.1), [1, 0.9, 1, -0.1], atol=1e-6)
+    np.testing.assert_allclose(x.scores + SHAPING["campo"].fn(x, coef=0.0), x.scores)  # identity
+    with pytest.raises(ValueError, match="min_repeats must be an int >= 2"):
+        SHAPING["campo"].fn(x, min_repeats=1)
+
+
+@pytest.mark.parametrize("shaping", ["grpo_lambda", "concise", "otc", "empo", "self_play", "campo",
                                      {"name": "fapo", "flaw_metric": "calls"},
                                      {"name": "posterior", "format_metric": "calls", "outcome_metric": "target_frac",
                                       "thinking_metric": "target_frac"}])

@@ -58,7 +58,8 @@ class Shaping(LoopPart):
             sh(ShapingInputs(np.zeros(1, np.float32), np.ones(1, np.int32), np.zeros(1, np.int32), 1,
                              ctx.sampler.config.max_new_tokens, {n: np.zeros(1, np.float32) for n in names},
                              ("",) if sh.part.flag("needs_text") else (), ("",), 0,
-                             {} if sh.part.flag("stateful") else None))
+                             {} if sh.part.flag("stateful") else None, ("",),
+                             (np.zeros(1, np.int32),) if sh.part.flag("needs_ids") else ()))
 
     def sample(self, ctx, rnd):
         if rnd.index == 0:  # the stateful parts' state as the step begins
@@ -84,9 +85,13 @@ class Shaping(LoopPart):
             state = None
             if stateful:
                 state = ctx.store.slot(_slot(sh.name)) if job.update else self.at_step[sh.name]
+            ids = ()
+            if sh.part.flag("needs_ids"):
+                toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+                ids = tuple(toks[i][cm[i]] for i in range(len(toks)))
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), len(job.prompts),
                               ctx.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")),
-                              tuple(job.prompts), ctx.iteration, state, tuple(job.keys))
+                              tuple(job.prompts), ctx.iteration, state, tuple(job.keys), ids)
             bonus = sh(x)
             if stateful:
                 bonus, new = bonus
