@@ -465,6 +465,27 @@ def rto(x, *, scale: float = 0.05, clip: float = 0.05, gamma: float = 1.0, lam: 
     return Advantages(adv, ret)
 
 
+@register_estimator("kepo", paper="KEPO: Knowledge-Enhanced Preference Optimization for Reinforcement Learning with "
+                                  "Reasoning, arXiv:2602.00400",
+                    core=("grpo_advantages", "gated_distillation_advantages"), requires=("old_logp", "aux_logp"),
+                    group_relative=True, methods=(49,),
+                    verified="hand values, identity (coef 0: GRPO); the form is our reading of the abstract (no code)",
+                    tests="tests/core/test_advantages.py, tests/training/test_aux_policy.py",
+                    note="GRPO's advantage plus coef x (log pi_teacher - log pi_old) per token on the responses scoring "
+                         ">= threshold only (quality-gated on-policy distillation; the teacher is model.aux_params); coef "
+                         "has no default; not reproduced: the teacher-hint rejection sampling (recipe.hints=ghpo gives "
+                         "reference-solution hints instead)")
+def kepo(x, *, coef: float, threshold: float = 1.0, scale_by_std: bool = True, epsilon: float = 1e-6) -> Advantages:
+    """KEPO: GRPO plus the teacher's reverse-KL token reward on the good responses."""
+    adv = core.grpo_advantages(x["scores"], x["mask"], x["group_ids"], x.num_groups, valid=x.get("valid"),
+                               scale_by_std=scale_by_std, epsilon=epsilon)
+    gate = jnp.asarray(x["scores"]) >= threshold
+    if x.get("valid") is not None:
+        gate = gate & jnp.asarray(x["valid"], bool)
+    return Advantages(core.gated_distillation_advantages(adv, x["old_logp"], x["aux_logp"], x["mask"], gate,
+                                                         coef=coef))
+
+
 _SEG_T = "tests/core/test_segments.py, tests/training/test_group_estimators.py"
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "gae_advantages",
     "egae_advantages",
     "rto_token_rewards",
+    "gated_distillation_advantages",
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
@@ -214,6 +215,41 @@ def rto_token_rewards(dpo_logp: jnp.ndarray, ref_logp: jnp.ndarray, mask: jnp.nd
     if clip > 0:
         d = jnp.clip(d, -clip, clip)
     return jax.lax.stop_gradient(d * m)
+
+
+def gated_distillation_advantages(advantages: jnp.ndarray, old_logp: jnp.ndarray, teacher_logp: jnp.ndarray,
+                                  mask: jnp.ndarray, gate: jnp.ndarray, *, coef: float) -> jnp.ndarray:
+    """KEPO's quality-gated on-policy distillation as an advantage term: the RL advantage plus,
+    on the gated responses only, the teacher's per-token reverse-KL reward.
+
+    ``A'_t = A_t + coef g_i (log pi_T(y_t) - log pi_old(y_t))`` where ``g_i`` is 1 for a
+    high-quality response (``gate``; the run's choice: a correct one) and 0 otherwise. The added
+    term is on-policy distillation's dense reward, the negative of the single-sample reverse KL
+    ``log pi(y_t) - log pi_T(y_t)`` at the sampled token: its policy gradient lowers the reverse
+    KL to the teacher. Low-quality responses, whose later tokens follow an early error, get no
+    teacher signal (the paper's argument).
+
+    Paper: "KEPO: Knowledge-Enhanced Preference Optimization for Reinforcement Learning with
+    Reasoning", arXiv:2602.00400 (the gate and the dense teacher term from the abstract; no code
+    or equations were available to us, so the per-token reverse-KL reward, its addition to the
+    advantage and the gate by correctness are our reading, and ``coef`` has no default).
+    Identity: ``coef = 0``, or no gated response, returns ``advantages``.
+
+    Args:
+      advantages, old_logp, teacher_logp, mask: ``[B, T]``. gate: ``[B]`` bool.
+      coef: the teacher term's weight (>= 0).
+
+    Returns:
+      ``[B, T]`` float32, zero outside the mask; no gradient.
+    """
+    _checks.check_token_args(advantages=advantages, old_logp=old_logp, teacher_logp=teacher_logp, mask=mask)
+    _checks.check_rank("gate", gate, 1)
+    _checks.check_seq_args(np.shape(advantages)[0], gate=gate)
+    _checks.check_positive("coef", coef, allow_zero=True)
+    m = _checks.as_mask(mask)
+    z = lambda x: _checks.zero_outside(_checks.as_float(x), m)  # noqa: E731
+    g = jnp.asarray(gate, bool)[:, None].astype(jnp.float32)
+    return jax.lax.stop_gradient((z(advantages) + coef * g * (z(teacher_logp) - z(old_logp))) * m)
 
 
 def grpo_advantages(scores: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray,

@@ -459,3 +459,20 @@ def test_rto_token_rewards_hand_values():
     r = d + np.array([[-0.001, 0.0, 0.002]]) + np.array([[0, 0, 1.5]])
     adv, ret = C.gae_advantages(r, np.array([[.5, .6, .8]]), np.ones((1, 3)), 1.0, 0.95, whiten=False)
     np.testing.assert_allclose(adv, [[0.904567, 0.821650, 0.707000]], atol=1e-5)
+
+
+def test_gated_distillation_hand_values_and_identity():
+    import jaxrl_llm.core as C
+
+    adv = np.array([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], np.float32)
+    old = np.log(np.array([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]], np.float32))
+    teacher = np.log(np.array([[0.25, 1.0, 0.5], [0.25, 1.0, 0.5]], np.float32))
+    mask = np.array([[1, 1, 1], [1, 1, 0]], bool)
+    got = C.gated_distillation_advantages(adv, old, teacher, mask, np.array([True, False]), coef=2.0)
+    # the good row gains 2 (log pi_T - log pi_old): -2 log 2, +2 log 2, 0; the other row is untouched
+    np.testing.assert_allclose(np.asarray(got), [[1 - 2 * np.log(2), 1 + 2 * np.log(2), 1.0], [-1.0, -1.0, 0.0]],
+                               rtol=1e-6)
+    same = C.gated_distillation_advantages(adv, old, teacher, mask, np.array([True, True]), coef=0.0)
+    np.testing.assert_allclose(np.asarray(same), adv * mask)
+    with pytest.raises(ValueError, match="coef"):
+        C.gated_distillation_advantages(adv, old, teacher, mask, np.array([True, True]), coef=-1.0)

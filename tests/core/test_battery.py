@@ -324,6 +324,9 @@ R.update({
 for _name in ("sigmoid_dpo_loss", "robust_dpo_loss", "ipo_loss", "sigmoid_norm_loss", "hinge_loss", "sppo_hard_loss",
               "nca_pair_loss", "exo_pair_loss", "bco_pair_loss", "apo_zero_loss", "apo_down_loss", "discopop_loss"):
     R[_name] = (lambda *a, _f=getattr(C, _name): _f(*a), lambda s: pairs(s) + lengths(s), None)
+R["gated_distillation_advantages"] = (
+    lambda a, o, t, m: C.gated_distillation_advantages(a, o, t, m, np.array([1, 0, 1, 1, 0, 0], bool), coef=0.5),
+    lambda s: [_n(s, (B, T)), _lp(s), _lp(s + 1), _mask(s)], 3)
 R["mpo_easy_pairs"] = (lambda c, r: C.mpo_easy_pairs(c, r, threshold=0.5), lambda s: [_n(s, (B,)), _n(s + 1, (B,))],
                        None)
 R["c3po_loss"] = (lambda a, b, c, d, n: C.c3po_loss(a, b, c, d, n, np.array([0, 1, 2, 0, 1, 2], np.int32)),

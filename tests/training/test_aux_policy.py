@@ -95,6 +95,23 @@ def test_rto_reads_the_auxiliary_policy_in_the_loop():
         make("ppo", **{**kw, "aux": False})
 
 
+def test_kepo_adds_the_teachers_token_reward_to_the_good_responses_in_the_loop():
+    from test_rl_recipes_extra import target_frac
+
+    tr = make("grpo", g=4, reward=[target_frac], advantage={"name": "kepo", "coef": 0.5, "threshold": 0.15}, aux=True)
+    tr.step()
+    b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    cm = b["completion_mask"]
+    grpo = core.grpo_advantages(b["scores"], cm, b["group_ids"], int(b["group_ids"].max()) + 1)
+    good = b["scores"] >= 0.15
+    assert good.any() and (~good).any()
+    want = np.asarray(grpo) + 0.5 * good[:, None] * (b["aux_logp"] - b["old_logp"])[:, p - 1:] * cm
+    np.testing.assert_allclose(b["advantages"][:, p - 1:], want, atol=1e-5)
+    with pytest.raises(ValueError, match="pass aux_params"):
+        make("grpo", g=4, advantage={"name": "kepo", "coef": 0.5}, aux=False)
+
+
 def test_config_errors_name_aux_params(tmp_path):
     from jaxrl_llm.training.configs import PreferenceRecipeSpec, PreferenceRunConfig
     from jaxrl_llm.training.loading import load_aux_params

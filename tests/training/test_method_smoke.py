@@ -15,7 +15,7 @@ SEED_ROWS = [r for r in catalog(library_only=True) if r["methods"]]
 
 # arguments a part cannot run without (no default: the paper's value was not found, or a reward function's name)
 REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advantage", "eapo"): {"gamma": 0.9},
-            ("recipe.advantage", "arm"): {"alpha": 0.1}, ("recipe.advantage", "r3"): {"r_max": 0.5, "peak_frac": 0.2},
+            ("recipe.advantage", "arm"): {"alpha": 0.1}, ("recipe.advantage", "kepo"): {"coef": 0.5, "threshold": 0.5}, ("recipe.advantage", "r3"): {"r_max": 0.5, "peak_frac": 0.2},
             ("recipe.advantage", "d3s"): {"total_steps": 2, "samples_init": 2, "tokens_init": 0.25},
             ("recipe.shaping", "fapo"): {"flaw_metric": "calls"},
             ("recipe.shaping", "cgpo"): {"reward_metric": "target_frac", "judges": ["calls"]},
@@ -93,7 +93,7 @@ def _rl(r):
         kw["reward"] = [binary, calls, target_frac]
     if field == "is_weights":
         kw.update(old_logp="recompute", mismatch=True)
-    if r["name"] in ("rto",):
+    if r["name"] in ("rto",) or (field == "advantage" and r["name"] == "kepo"):
         kw["aux"] = True
     if field == "loss" and r["name"] == "aligndistil":  # the DPO model and the reverse-DPO model (reference slot)
         kw.update(aux=True, ref=True)
