@@ -39,7 +39,8 @@ class HintInputs:
     ``group_ids`` ``[N]``, ``columns`` the data columns per group (the reference solution is
     one), ``raw_prompts`` each group's prompt as the data gives it (a string or chat messages)
     before any hint, ``hinted`` the groups hinted in earlier stages, ``stage`` the number of
-    earlier asks this round and ``step`` the iteration."""
+    earlier asks this round, ``step`` the iteration and ``completions`` each row's decoded
+    response (parts flagged ``needs_text``; else empty)."""
 
     values: np.ndarray
     group_ids: np.ndarray
@@ -48,6 +49,7 @@ class HintInputs:
     hinted: frozenset
     stage: int
     step: int
+    completions: tuple[str, ...] = ()
 
 
 HINTS = new_registry("hints", "recipe.hints", "fn(x: HintInputs, **params) -> {group: hinted raw prompt}")
@@ -220,6 +222,64 @@ HINTS.register(Part(
          "context's old log-probs; use with recipe.loss=guide (the reshaped, unclipped ratio r/(r + gamma)) and "
          "recipe.group_filter=dynamic_sampling (the code keeps groups with 0 < accuracy < 1, hinted or not); the "
          "code's truncation of re-rolled prompts to a multiple of the world size is not reproduced"))
+
+
+#: Critique-GRPO's refinement request (the authors' ``refine_prompt``, critique-GRPO @e8f03a2,
+#: ``verl/verl/critique_grpo/refinement_prompts.py``; its lines' source indentation left out)
+CRITIQUE_REFINE = ("Given the following inputs:\n**Question**: {question}\n**Previous Solution**: {solution}\n"
+                   "**Critique**: {critique}\n\nPlease re-answer by:\n- Correcting potential errors identified in the "
+                   "critique, if they exist.\n- Providing clear, step-by-step reasoning.\n- Formatting the final answer "
+                   "as `\\boxed{{answer}}`.\n\nEnsure the revised solution addresses all issues raised in the "
+                   "critique.")
+CRITIQUE_SYSTEM = "You are a helpful assistant."
+
+
+def critique_grpo(x: HintInputs, *, critique: str = "simple_gt", column: str = "answer",
+                  template: str = CRITIQUE_REFINE, system: str | None = CRITIQUE_SYSTEM, metric: str | None = None):
+    """Critique-GRPO's refinements (arXiv:2506.03106; the authors' ``zhangxy-2019/critique-GRPO``
+    @e8f03a2, ``verl/verl/critique_grpo/``): every response of every group gets a numerical
+    critique -- ``simple`` "The generated solution is correct." / "... incorrect." by its outcome
+    (``> 0``: correct), ``simple_gt`` (the code's default) the same with ", the ground truth is
+    {answer}." from data column ``column`` -- and a refinement prompt (``template`` with the
+    question, the response and the critique; ``system`` as a system message for chat data). The
+    loop samples one refinement per prompt and puts the first that succeeds, else the first, in
+    the group's first row, trained after the original question (``recipe.loss=critique_grpo``
+    shapes its tokens). The code's third critique, a GPT-4o chain-of-thought critique, needs an
+    API judge and is not reproduced."""
+    del metric  # read by the loop
+    if critique not in ("simple", "simple_gt"):
+        raise ValueError(f"recipe.hints=critique_grpo: critique must be 'simple' or 'simple_gt', got {critique!r}")
+    if x.stage > 0:
+        return {}
+    answers = _column(x, "critique_grpo", column, "each problem's answer") if critique == "simple_gt" else None
+    vals = np.asarray(x.values, np.float64)
+    gid = np.asarray(x.group_ids)
+    out = {}
+    for g in range(len(x.raw_prompts)):
+        q, chat = _question(x.raw_prompts[g]), not isinstance(x.raw_prompts[g], str)
+        levels = []
+        for row in np.flatnonzero(gid == g):
+            verdict = "correct" if vals[row] > 0 else "incorrect"
+            text = f"The generated solution is {verdict}"
+            text += "." if answers is None else f", the ground truth is {answers[g]}."
+            user = template.format(question=q, solution=x.completions[row], critique=text)
+            levels.append([*([{"role": "system", "content": system}] if system else []),
+                           {"role": "user", "content": user}] if chat else user)
+        if levels:
+            out[g] = levels
+    return out
+
+
+HINTS.register(Part(
+    "critique_grpo", critique_grpo, paper="Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical "
+                                          "Feedback (Zhang et al.), arXiv:2506.03106",
+    methods=(225,), verified="hand values (the authors' code's critiques, prompt and choice)",
+    tests="tests/training/test_hints.py",
+    flags=(("levels", True), ("context", "plain"), ("needs_text", True), ("keep_failed", True)),
+    note="each response critiqued (correct / incorrect, with the ground truth) and refined once; the first successful "
+         "refinement of a prompt (else its first) replaces the group's first row, trained after the original "
+         "question with recipe.loss=critique_grpo (the preset recipe.name=critique_grpo); not reproduced: the "
+         "GPT-4o text critiques"))
 
 
 #: Scaf-GRPO's system message of the rebuilt prompt (the authors' ``build_new_message``)

@@ -106,6 +106,16 @@ for _part in (
          note="with recipe.hints=guide: PPO clip on plain rows; on the rows sampled with a hint the ratio between the "
               "plain and the hinted context, reshaped r/(r + gamma), gamma = its 0.9 percentile over the row's "
               "tokens (the code: over the micro-batch's hinted positions, padding included), unclipped"),
+    Part("critique_grpo", core.critique_grpo_loss,
+         paper="Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback (Zhang et al.), "
+               "arXiv:2506.03106",
+         core=("critique_grpo_loss",), requires=frozenset({"hinted"}), methods=(225,),
+         verified="hand values, identity (no refinement rows, clip: PPO clip); a transcription of the authors' code "
+                  "(zhangxy-2019/critique-GRPO @e8f03a2)",
+         tests="tests/core/test_policy_losses.py, tests/conformance/test_critique_grpo.py",
+         note="with recipe.hints=critique_grpo: -A rho (unclipped, the scripts' loss_remove_clip) on the own rows, "
+              "-A p / (p + 0.1) on the refinement row of each group (sampled after the critique, trained after the "
+              "question)"),
     Part("papo", core.papo_loss, paper="Perception-Aware Policy Optimization for Multimodal Reasoning (PAPO; Wang "
                                        "et al.), arXiv:2507.06448",
          core=("papo_loss",), requires=frozenset({"masked_logp"}), methods=(8,),

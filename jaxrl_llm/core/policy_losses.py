@@ -38,6 +38,7 @@ __all__ = [
     "COMMON_METRICS",
     "ppo_clip_loss",
     "gppo_loss",
+    "critique_grpo_loss",
     "entropy_balanced_loss",
     "gspo_loss",
     "cispo_loss",
@@ -812,6 +813,57 @@ def masked_row_quantile(values, mask, q: float):
     v_hi = jnp.take_along_axis(srt, hi[:, None], axis=-1)[:, 0]
     out = v_lo + (pos - lo.astype(v.dtype)) * (v_hi - v_lo)
     return jnp.where(n > 0, out, 1.0)
+
+
+def critique_grpo_loss(logp, old_logp, advantages, mask, hinted, *, gamma: float = 0.1, clip: bool = False,
+                       clip_low: float = 0.2, clip_high: float | None = None, is_weights=None):
+    """Critique-GRPO's loss: the policy's own responses by the importance ratio, a refinement
+    (a response sampled after a critique, trained after the original question) by its shaped
+    probability.
+
+    ``L_t = -A rho_t`` on the own rows (``rho = pi_theta / pi_old``; with ``clip`` PPO's
+    ``max(-A rho, -A clip(rho))``) and ``L_t = -A f(pi_theta(y_t))``, ``f(p) = p / (p + gamma)``,
+    on the refinement rows (``hinted``): no ratio (the refinement was sampled in another context)
+    and no clip; ``f`` is concave, so its gradient ``gamma / (p + gamma)^2`` weighs unlikely tokens
+    of the refinement more than likely ones (the policy shaping of LUFFY, which Critique-GRPO
+    uses).
+
+    Paper: Zhang et al., "Critique-GRPO: Advancing LLM Reasoning with Natural Language and
+    Numerical Feedback", arXiv:2506.03106; code ``zhangxy-2019/critique-GRPO`` @e8f03a2
+    (``verl/verl/critique_grpo/critique_core_algos.py``, ``compute_token_on_off_policy_loss``:
+    ``off_policy_reshape="p_div_p_0.1"`` and, in its scripts, ``loss_remove_clip=True``, hence
+    ``clip=False`` by default; the scripts' aggregation, a sum over tokens divided by the maximum
+    response length, is ``recipe.agg``'s choice here). Identity: without refinement rows and
+    with ``clip`` this is PPO's clip without a dual clip.
+
+    Args:
+      logp, old_logp, advantages, mask: ``[B, T]``. hinted: ``[B]`` (1: a refinement row).
+
+    Returns:
+      ``(loss [B, T], metrics)``: ratio metrics, ``clip_frac``, ``critique_refined_prob`` (mean
+      ``pi_theta`` on the refinement tokens).
+    """
+    _checks.check_positive("gamma", gamma)
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip(clip_low, clip_high)
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    _checks.check_rank("hinted", hinted, 1)
+    _checks.check_seq_args(lp.shape[0], hinted=hinted)
+    h = sg(_checks.as_float(hinted))[:, None] > 0
+    ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    on = -adv * ratio
+    if clip:
+        clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        clip_frac = masked_mean((clipped > on).astype(ratio.dtype), m * (~h))
+        on = jnp.maximum(on, clipped)
+    else:
+        clip_frac = jnp.zeros((), ratio.dtype)
+    p = jnp.exp(lp)
+    off = -adv * p / (p + gamma)
+    loss = jnp.where(h, off, on)
+    met = ratio_metrics(jnp.where(h, 0.0, lp - olp), m * (~h))
+    met.update({"clip_frac": clip_frac, "critique_refined_prob": sg(masked_mean(p, m * h))})
+    return _finish(loss, m, is_weights), met
 
 
 def guide_loss(logp, old_logp, advantages, mask, hinted, *, clip_low: float = 0.2,

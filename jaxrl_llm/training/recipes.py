@@ -356,6 +356,15 @@ PRESETS: dict[str, Preset] = {
                     "arXiv:2506.13923",
                     "the hint is a data column (recipe.hints.column, default 'hint': the whole hinted prompt; "
                     "recipe.hints.replace=false appends it to the prompt); the trainer needs a prompt encoder"),
+    # Critique-GRPO (the authors' scripts): each prompt's first row replaced by a refinement after a
+    # critique, shaped p / (p + 0.1); the own rows unclipped; token sums over the maximum length
+    "critique_grpo": Preset(_spec("critique_grpo", "grpo", Choice("critique_grpo"), "seq-mean-token-sum-norm",
+                                  hints=Choice("critique_grpo"), entropy_coef=0.001), 8,
+                            "Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback "
+                            "(Zhang et al.), arXiv:2506.03106",
+                            "the critique reads the ground truth from data column recipe.hints.column (default "
+                            "'answer'); the scripts' sum over the batch's tokens / the maximum length is Dr.GRPO's "
+                            "aggregation here (a constant factor apart); the trainer needs a prompt encoder"),
     # TreePO's released run: the DAPO trainer (clip 0.2 / 0.28, verl's clip_ratio_c = 10, token-mean,
     # overlong shaping, dynamic sampling) with the tree advantage; the tree sampler is rollout.tree_segment
     "treepo": Preset(_spec("treepo", "treepo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",
@@ -532,7 +541,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.hints={hints.name if hints else ''} trains responses sampled with a hint after the plain prompt, "
           f"against the sampler's log-probs in the hinted context (the importance ratio between the contexts): "
           f"recipe.old_logp=recompute would replace them with the plain context's (leave recipe.old_logp unset)")
-    _need(hints is None or not hints.part.flag("levels") or s.old_logp == "recompute",
+    _need(hints is None or not hints.part.flag("levels") or trains_in_plain_context(hints) or s.old_logp == "recompute",
           f"recipe.hints={hints.name if hints else ''} puts a response sampled after a hinted prompt into a group "
           f"trained after the plain prompt, as the authors' code does with recomputed old log-probs: set "
           f"recipe.old_logp=recompute")

@@ -222,6 +222,8 @@ R.update({
     "hdpo_loss": (lambda *a: C.hdpo_loss(*a, tool_advantages=np.array([1, -1, 0, .5, 0, -.5], np.float32)), tok4, 3),
     "papo_loss": (lambda lp, o, a, m: C.papo_loss(lp, o, a, m, masked_logp=o - 0.3, gamma=0.02, eta_ori=0.05,
                                                   eta_aug=0.05), tok4, 3),
+    "critique_grpo_loss": (lambda lp, o, a, m: C.critique_grpo_loss(lp, o, a, m, np.array([1, 0, 0, 1, 0, 0],
+                                                                                        np.float32)), tok4, 3),
     "entropy_balanced_loss": (lambda lp, o, a, m: C.entropy_balanced_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1),
                               tok4, 3),
     "epo_loss": (lambda lp, o, a, m: C.epo_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1, epo_entropy_ref=jnp.abs(a) + 0.2,

@@ -478,3 +478,25 @@ def test_entropy_balanced_hand_values_gradient_and_identity():
     e3 = np.abs(np.random.default_rng(3).normal(size=lp3.shape)).astype(np.float32)
     got = P.entropy_balanced_loss(lp3, o3, a3, m3, entropy=e3, balanced_clip=False, balanced_advantage=False)[0]
     np.testing.assert_allclose(np.asarray(got), np.asarray(P.ppo_clip_loss(lp3, o3, a3, m3)[0]), rtol=1e-6, atol=1e-7)
+
+
+def test_critique_grpo_loss_hand_values_gradient_and_identity():
+    lp = np.log(np.array([[0.5, 0.25], [0.5, 0.9]], np.float32))
+    old = np.log(np.array([[0.25, 0.25], [0.1, 0.1]], np.float32))
+    a = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
+    m = np.ones((2, 2), np.float32)
+    hinted = np.array([0.0, 1.0], np.float32)
+    per, met = P.critique_grpo_loss(lp, old, a, m, hinted)
+    # own row: -A rho, unclipped (rho 2 and 1); refinement row: -A p / (p + 0.1), no ratio
+    np.testing.assert_allclose(np.asarray(per), [[-2.0, -1.0], [-2 * 0.5 / 0.6, -2 * 0.9 / 1.0]], rtol=1e-6)
+    np.testing.assert_allclose(float(met["critique_refined_prob"]), 0.7, rtol=1e-6)
+    # the refinement's gradient in logp: -A gamma p / (p + gamma)^2
+    g = np.asarray(jax.grad(lambda x: jnp.sum(P.critique_grpo_loss(x, old, a, m, hinted)[0]))(lp))
+    np.testing.assert_allclose(g[1], [-2 * 0.1 * 0.5 / 0.36, -2 * 0.1 * 0.9 / 1.0], rtol=1e-5)
+    # with clip: the own row is PPO's clip (rho 2 -> 1.2); no refinement rows and clip is PPO without a dual clip
+    per_c, _ = P.critique_grpo_loss(lp, old, a, m, hinted, clip=True)
+    np.testing.assert_allclose(np.asarray(per_c)[0], [-1.2, -1.0], rtol=1e-6)
+    lp3, o3, a3, m3 = _inputs(4)
+    got = P.critique_grpo_loss(lp3, o3, a3, m3, np.zeros(B, np.float32), clip=True)[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(P.ppo_clip_loss(lp3, o3, a3, m3, dual_clip=None)[0]),
+                               rtol=1e-6, atol=1e-7)

@@ -3,6 +3,8 @@ prefix of the reference solution in the prompt, trained in that context (the sam
 log-probs equal a teacher-forced pass on the hinted sequence), while the prompt statistics keep
 the unhinted outcome."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -258,3 +260,63 @@ def test_scaf_grpo_in_the_loop_puts_the_mildest_success_in_the_first_row():
         assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode_ints(q)[0]
     with pytest.raises(RegistryError, match="set recipe.old_logp=recompute"):
         make("grpo", g=4, hints="scaf_grpo", encoder=encode_ints)
+
+
+critique = HINTS["critique_grpo"].fn
+
+
+def test_critique_grpo_prompts_by_hand():
+    raws = ["q0", [{"role": "user", "content": "q1"}]]
+    x = HintInputs(np.array([1.0, 0.0, 0.0, 0.0]), np.array([0, 0, 1, 1]), {"answer": ["7", "9"]}, tuple(raws),
+                   frozenset(), 0, 3, ("a", "b", "c", "d"))
+    got = critique(x, template="{question}|{solution}|{critique}")
+    assert got[0] == ["q0|a|The generated solution is correct, the ground truth is 7.",
+                      "q0|b|The generated solution is incorrect, the ground truth is 7."]
+    assert got[1][1] == [{"role": "system", "content": "You are a helpful assistant."},
+                         {"role": "user", "content": "q1|d|The generated solution is incorrect, the ground truth is 9."}]
+    simple = critique(x, critique="simple", template="{critique}")
+    assert simple[0] == ["The generated solution is correct.", "The generated solution is incorrect."]
+    full = critique(x)[0][0]  # the authors' request, with the boxed-answer instruction
+    assert full.startswith("Given the following inputs:\n**Question**: q0\n**Previous Solution**: a\n**Critique**: ")
+    assert "`\\boxed{answer}`" in full and full.endswith("addresses all issues raised in the critique.")
+    assert critique(dataclasses.replace(x, stage=1)) == {}
+    with pytest.raises(ValueError, match="column 'answer'"):
+        critique(dataclasses.replace(x, columns={}))
+    with pytest.raises(ValueError, match="critique must be"):
+        critique(x, critique="text")
+
+
+def refined_sevens(prompts, completions, **_):
+    """1 when the prompt is a refinement request (it holds the critique), else 0."""
+    return [float("Critique" in p) for p in prompts]
+
+
+def test_critique_grpo_in_the_loop_puts_one_refinement_per_group_and_marks_it():
+    def enc(raw):
+        text = raw if isinstance(raw, str) else raw[-1]["content"]
+        return [int(t) for t in text.replace("\n", " ").split() if t.isdigit()][:14], text
+
+    kw = dict(g=4, prompts_per_step=2, reward=refined_sevens, encoder=enc, buckets=(16,), data=HintData())
+    tr = make("critique_grpo", **kw, hints={"name": "critique_grpo", "column": "solution",
+                                            "template": "{question} {solution} {critique} Critique"})
+    m = tr.step()
+    b = tr.last_batch
+    assert m["hints/groups"] == 2 and m["hints/levels_sampled"] == 8 and m["hints/rescued_groups"] == 2
+    assert b["hinted"].tolist() == [1, 0, 0, 0, 1, 0, 0, 0]
+    for gi in range(2):
+        rows = np.flatnonzero(b["group_ids"] == gi)
+        np.testing.assert_array_equal(b["scores"][rows], [1, 0, 0, 0])
+    # the refinement row is trained after the original question
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    for gi, key in enumerate(tr._last_keys):
+        row = np.flatnonzero(b["group_ids"] == gi)[0]
+        q = HintData().rows[int(key.split(":")[1])][0]
+        assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode(q)[0]
+    assert np.isfinite(m["loss"])
+    # no success among the refinements: the first refinement still takes the first row (keep_failed)
+    tr0 = make("critique_grpo", **{**kw, "reward": lambda prompts, completions, **_: [0.0] * len(prompts)},
+               hints={"name": "critique_grpo", "column": "solution"})
+    m0 = tr0.step()
+    assert m0["hints/rescued_groups"] == 0 and tr0.last_batch["hinted"].tolist() == [1, 0, 0, 0, 1, 0, 0, 0]
+    with pytest.raises(RegistryError, match="recipe.loss=critique_grpo reshapes"):
+        make("grpo", g=4, loss="critique_grpo", encoder=enc)

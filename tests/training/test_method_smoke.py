@@ -25,6 +25,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.loss", "etr"): {"alpha": 0.5, "beta": 1.0}, ("recipe.loss", "r2vpo"): {"delta": 0.01},
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
+            ("recipe.hints", "critique_grpo"): {"column": "solution"},
             ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
             ("recipe.truncation", "siri"): {"low": 2, "high": 6, "compress_steps": 1, "expand_steps": 1},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
@@ -103,12 +104,16 @@ def _rl(r):
         kw["g"] = 2
     if field == "replay" or (field == "loop_part" and r["name"] == "aepo"):
         kw["old_logp"] = "recompute"
-    if field == "hints" or (field == "loss" and r["name"] == "guide"):
+    if field == "hints" or (field == "loss" and r["name"] in ("guide", "critique_grpo")):
         from test_hints import HintData, encode
 
         kw.update(data=HintData(4), encoder=encode, buckets=(16,))
-        if field == "loss":  # Guide's loss reads the rows its hint part re-sampled
-            kw["hints"] = {"name": "guide", **REQUIRED[("recipe.hints", "guide")]}
+        if field == "loss":  # the loss reads the rows its hint part re-sampled
+            kw["hints"] = {"name": r["name"], **REQUIRED[("recipe.hints", r["name"])]}
+        if r["name"] == "critique_grpo":  # refinement requests as token ids (digits of the critique's text)
+            from test_hints import encode_ints
+
+            kw["encoder"] = lambda raw: (encode_ints(raw)[0][:14], raw)
         if r["name"] == "scaf_grpo":  # hint parts per problem; recomputed old log-probs
             from test_hints import ScafData, encode_ints
 

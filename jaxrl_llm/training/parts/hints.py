@@ -34,6 +34,7 @@ class Hints(LoopPart):
         self.bound, self.name = bound, bound.name
         self.metric = dict(bound.kwargs).get("metric")
         self._metrics: dict[str, float] = {}
+        self._marked: dict[int, set] = {}  # a plain-context levels part: round -> rows replaced
 
     @classmethod
     def from_run(cls, run):
@@ -48,7 +49,7 @@ class Hints(LoopPart):
 
     def resample(self, ctx, rnd):
         if rnd.index == 0:
-            self._metrics = {}
+            self._metrics, self._marked = {}, {}
         if self.bound.part.flag("levels"):
             self._levels(ctx, rnd)
             return rnd
@@ -92,13 +93,18 @@ class Hints(LoopPart):
         return rnd
 
     def _levels(self, ctx, rnd) -> None:
-        """A levels part (Scaf-GRPO): one response per hint level of each group the part names
-        (the first of each prompt's rows), and the mildest level's success (outcome ``> 0``) in
-        the group's first row, trained after the plain prompt."""
+        """A levels part (Scaf-GRPO, Critique-GRPO): one response per hint level of each group the
+        part names, and the mildest level's success (outcome ``> 0``) in the group's first row,
+        trained after the plain prompt; a ``keep_failed`` part puts the first level's response
+        there when none succeeds. A plain-context part's replaced rows are marked ``hinted``."""
         batch, roll, out = rnd.batch, rnd.roll, rnd.out
         pidx = np.asarray(roll.prompt_index)
+        texts: tuple[str, ...] = ()
+        if self.bound.part.flag("needs_text"):
+            toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+            texts = tuple(ctx.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=True) for i in range(len(toks)))
         x = HintInputs(metric_values(out.total, out.per_fn, self.metric, "recipe.hints"), pidx, batch.columns,
-                       tuple(batch.raw_prompts), frozenset(), 0, ctx.iteration)
+                       tuple(batch.raw_prompts), frozenset(), 0, ctx.iteration, texts)
         items, too_long = [], 0
         asked = self.bound(x)
         for grp, levels in asked.items():
@@ -109,6 +115,7 @@ class Hints(LoopPart):
                     continue
                 items.append((int(grp), lv, enc))
         best: dict[int, tuple[int, Any, Any, int]] = {}  # group -> (level, sub rollout, sub rewards, row)
+        first: dict[int, tuple[int, Any, Any, int]] = {}  # group -> its first level's, kept when none succeeds
         for c0 in range(0, len(items), len(batch)):
             chunk = items[c0:c0 + len(batch)]
             sub, sub_out = _sample_hinted(ctx, rnd.params, [e[2] for e in chunk], [e[0] for e in chunk], batch,
@@ -117,19 +124,28 @@ class Hints(LoopPart):
             for j, (grp, lv, _) in enumerate(chunk):
                 if ok[j] and (grp not in best or lv < best[grp][0]):
                     best[grp] = (lv, sub, sub_out, j)
+                if grp not in first or lv < first[grp][0]:
+                    first[grp] = (lv, sub, sub_out, j)
+        self._add("hints/rescued_groups", len(best))
+        if best:
+            self._metrics["hints/level_mean"] = float(np.mean([b[0] + 1 for b in best.values()]))
+        if self.bound.part.flag("keep_failed"):
+            best = {**first, **best}
+        marked = set()
         for grp, (lv, sub, sub_out, j) in best.items():
             one = take_rollout_rows(sub, [j])
-            roll, out = put_result(roll, out, np.flatnonzero(pidx == grp)[:1], one,
+            dst = np.flatnonzero(pidx == grp)[:1]
+            marked.update(int(r) for r in dst)
+            roll, out = put_result(roll, out, dst, one,
                                    RewardOutput(np.asarray(sub_out.total)[[j]],
                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.per_fn.items()},
                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.failed.items()},
                                                 sub_out.metrics))
         self._add("hints/groups", len(asked))
         self._add("hints/levels_sampled", len(items))
-        self._add("hints/rescued_groups", len(best))
         self._add("hints/too_long", too_long)
-        if best:
-            self._metrics["hints/level_mean"] = float(np.mean([b[0] + 1 for b in best.values()]))
+        if trains_in_plain_context(self.bound):
+            self._marked[rnd.index] = marked
         if roll is not rnd.roll:
             rnd.train_roll, rnd.train_out = roll, out
 
@@ -137,8 +153,13 @@ class Hints(LoopPart):
         """The rows a plain-context part re-sampled (Guide's ``hinted`` loss input)."""
         if "hinted" in ctx.recipe.objective.loss_inputs:
             rounds, groups, rows = step.origin
-            step.inputs["hinted"] = np.concatenate([np.full(len(ix), i in rounds[r].hinted, np.float32)
-                                                    for (r, i), ix in zip(groups, rows)])
+            if self.bound.part.flag("levels"):  # the rows a levels part replaced
+                step.inputs["hinted"] = np.concatenate([
+                    np.array([int(row) in self._marked.get(r, ()) for row in ix], np.float32)
+                    for (r, _), ix in zip(groups, rows)])
+            else:
+                step.inputs["hinted"] = np.concatenate([np.full(len(ix), i in rounds[r].hinted, np.float32)
+                                                        for (r, i), ix in zip(groups, rows)])
             valid = step.valid
             step.metrics["hints/hinted_rows_frac"] = float(step.inputs["hinted"][valid].mean()) if valid.any() else 0.0
         return step
