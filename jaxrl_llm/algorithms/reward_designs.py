@@ -11,6 +11,7 @@ correct comes from a reward function's score (``metric``, default the total) at 
 
 from __future__ import annotations
 
+import math
 import re
 
 import jax.numpy as jnp
@@ -270,6 +271,82 @@ def campo(x: ShapingInputs, *, coef: float = 1.0, constant: float | None = None,
     return -np.asarray(pen, np.float32)
 
 
+#: GTAlign's payoff matrix: the user's question clear (DQ) or vague (VQ) x the model's answer
+#: (AQ: answer and ask, CQ: clarifying question, DA: direct answer), each cell ``{"LLM": x, "user": y}``
+GTALIGN_CELLS = ("DQ_AQ", "DQ_CQ", "DQ_DA", "VQ_AQ", "VQ_CQ", "VQ_DA")
+_GTALIGN_LAYOUT = re.compile(r"^<thinking>.*?</thinking>\s*<payoff>.*?</payoff>\s*<analyze>.*?</analyze>\s*"
+                             r"<response>.*?</response>$", re.DOTALL | re.MULTILINE)
+
+
+def _tag(text: str, tag: str) -> str | None:
+    m = re.search(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+    return None if m is None else m.group(1).strip()
+
+
+def _payoff(block: str) -> dict | None:
+    """The payoff matrix of a ``<payoff>`` block (JSON or a Python literal; curly quotes
+    straightened), or None when it is not the six cells of two numbers each."""
+    import ast
+    import json
+
+    try:
+        data = json.loads(block)
+    except ValueError:
+        try:
+            data = ast.literal_eval(block.replace("\u201c", '"').replace("\u201d", '"').replace("\u2018", "'")
+                                    .replace("\u2019", "'"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(data, dict) or set(data) != set(GTALIGN_CELLS):
+        return None
+    for v in data.values():
+        if not (isinstance(v, dict) and set(v) == {"LLM", "user"}
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())):
+            return None
+    return data
+
+
+def _length_window(n_words: float, lo: float, hi: float, k: float = 0.005) -> float:
+    return 1.0 / (1.0 + math.exp(k * (lo - n_words))) / (1.0 + math.exp(k * (n_words - hi)))
+
+
+def gtalign(x: ShapingInputs, *, metric: str | None = None, mode: str = "cobb_douglas",
+            epsilon: float = 1e-4) -> np.ndarray:
+    """GTAlign's reward (:func:`jaxrl_llm.core.mutual_welfare_reward`) in place of the total, from
+    the completion's ``<thinking>``, ``<payoff>``, ``<analyze>``, ``<response>`` blocks (the
+    authors' ``math_hard`` task): with ``A`` the answer score (reward function ``metric``, default
+    the total, clipped to [0, 1]; the authors' LLM judge), ``F`` the layout (1 when the four
+    blocks are all there in order and the payoff parses), ``P`` the payoff matrix's spread (1/12
+    per cell whose two payoffs differ, 1/12 more when by over 10 %), ``l(n; lo, hi)`` a logistic
+    window over the word count and ``rho = exp(-chars before <response> / 500)``:
+
+    ``U = eps + 0.5 A + 0.2 l(response; 20, 500) + 0.3 rho``,
+    ``W = eps + 0.2 F + 0.2 P + 0.4 A + 0.2 l(whole completion; 500, 1000)``;
+
+    a completion without a ``<response>`` or a valid ``<payoff>`` block scores 0 (the code)."""
+    acc = np.clip(_metric(x, metric), 0.0, 1.0)
+    out = np.zeros(len(x.completions), np.float64)
+    user, llm = np.zeros_like(out), np.zeros_like(out)
+    ok = np.zeros(len(out), bool)
+    for i, text in enumerate(x.completions):
+        response, block = _tag(text, "response"), _tag(text, "payoff")
+        pay = None if block is None else _payoff(block)
+        if response is None or pay is None:
+            continue
+        ok[i] = True
+        fmt = float(_GTALIGN_LAYOUT.match(text) is not None)
+        spread = 0.0
+        for v in pay.values():
+            spread += (v["user"] != v["LLM"]) / 12.0
+            spread += (abs(v["user"] - v["LLM"]) / max(abs(v["user"]), abs(v["LLM"]), 1e-8) > 0.1) / 12.0
+        rho = math.exp(-len(text.split("<response>")[0]) / 500.0)
+        user[i] = epsilon + 0.5 * acc[i] + 0.2 * _length_window(len(response.split()), 20, 500) + 0.3 * rho
+        llm[i] = epsilon + 0.2 * fmt + 0.2 * spread + 0.4 * acc[i] + 0.2 * _length_window(len(text.split()), 500, 1000)
+    r = np.asarray(core.mutual_welfare_reward(jnp.asarray(user, jnp.float32), jnp.asarray(llm, jnp.float32),
+                                              mode=mode))
+    return _replace(x, np.where(ok, r, 0.0))
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -390,6 +467,15 @@ for _part in (
               "of the response (the paper's f(o); constant=0.1: the released code's flat penalty); not reproduced: "
               "the length-progressive stages (16K -> 32K -> 48K: runs with a growing rollout.max_new_tokens, resumed "
               "from each other) and DAPO's dynamic sampling (recipe.group_filter)"),
+    Part("gtalign", gtalign, paper="GTAlign: Game-Theoretic Alignment of LLM Assistants for Social Welfare, "
+                                   "arXiv:2510.08872",
+         core=("mutual_welfare_reward",), methods=(259,),
+         verified="hand values (the authors' code's welfare terms and constants, ulab-uiuc/GTAlign @1e35360)",
+         tests=_T + ", tests/conformance/test_gtalign.py", flags=_TEXT,
+         note="sqrt(user welfare x model welfare) from the answer score (metric), the <thinking>/<payoff>/<analyze>/"
+              "<response> layout, the payoff matrix's spread, length windows and the reasoning's brevity; "
+              "mode=linear: the mean (the paper's ablation); not reproduced: the LLM judge (the run's verifier scores "
+              "the answer), the pricing-aware inference, the PPO critic (recipe.name=ppo)"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

@@ -34,6 +34,7 @@ __all__ = [
     "cosine_length_reward",
     "auto_cei_reward",
     "campo_repetition_penalty",
+    "mutual_welfare_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -483,6 +484,33 @@ def campo_repetition_penalty(loop_fraction: jnp.ndarray, truncated: jnp.ndarray,
     else:
         pen = coef * f
     return sg(jnp.where(jnp.asarray(truncated, bool), pen, 0.0))
+
+
+def mutual_welfare_reward(user_welfare: jnp.ndarray, llm_welfare: jnp.ndarray, *,
+                          mode: str = "cobb_douglas") -> jnp.ndarray:
+    """GTAlign's mutual-welfare reward: the geometric mean ``sqrt(U W)`` of the user's welfare
+    ``U`` and the model's ``W`` (Cobb-Douglas with equal weights: the Nash social welfare), so a
+    response good for one side only earns little; ``mode="linear"`` is the paper's ablation
+    ``(U + W) / 2``.
+
+    Paper: "GTAlign: Game-Theoretic Alignment of LLM Assistants for Social Welfare",
+    arXiv:2510.08872; code ``ulab-uiuc/GTAlign`` @1e35360 (``recipe/gamellm/tasks/*.py``,
+    ``compute_score``: ``score = (user_reward * llm_reward) ** 0.5``; ``tasks_linear_comb/``: the
+    mean). Identity: ``U = W`` gives ``U`` in both modes.
+
+    Args:
+      user_welfare, llm_welfare: ``[B]`` float, >= 0.
+
+    Returns:
+      ``[B]`` float32, no gradient.
+    """
+    b = _seq("user_welfare", user_welfare)
+    _seq("llm_welfare", llm_welfare, b)
+    _checks.check_choice("mode", mode, ("cobb_douglas", "linear"))
+    u, w = _checks.as_float(user_welfare), _checks.as_float(llm_welfare)
+    if mode == "linear":
+        return sg((u + w) / 2.0)
+    return sg(jnp.sqrt(jnp.maximum(u * w, 0.0)))
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

@@ -177,6 +177,26 @@ def test_campo_penalises_cut_responses_that_end_in_a_loop():
         SHAPING["campo"].fn(x, min_repeats=1)
 
 
+def test_gtalign_welfare_by_hand():
+    import json
+    import math
+
+    cells = {k: {"LLM": 2.0, "user": 2.0} for k in ("DQ_AQ", "DQ_CQ", "DQ_DA", "VQ_AQ", "VQ_CQ", "VQ_DA")}
+    cells["DQ_AQ"] = {"LLM": 1.0, "user": 3.0}  # one cell differs by more than 10 %: P = 2 / 12
+    good = f"<thinking>t</thinking><payoff>{json.dumps(cells)}</payoff><analyze>a</analyze><response>r</response>"
+    x = _inputs([1, 0, 1, 1], [1] * 4, texts=[good, good, good.replace("<response>r</response>", ""),
+                                             good.replace('"VQ_DA"', '"VQ"')])
+    got = x.scores + SHAPING["gtalign"].fn(x)
+    win = lambda n, lo, hi: 1 / (1 + math.exp(0.005 * (lo - n))) / (1 + math.exp(0.005 * (n - hi)))  # noqa: E731
+    rho = math.exp(-len(good.split("<response>")[0]) / 500)
+    user = lambda a: 1e-4 + 0.5 * a + 0.2 * win(1, 20, 500) + 0.3 * rho  # noqa: E731
+    llm = lambda a: 1e-4 + 0.2 + 0.2 * 2 / 12 + 0.4 * a + 0.2 * win(len(good.split()), 500, 1000)  # noqa: E731
+    np.testing.assert_allclose(got, [math.sqrt(user(1) * llm(1)), math.sqrt(user(0) * llm(0)), 0, 0], rtol=1e-5)
+    lin = x.scores + SHAPING["gtalign"].fn(x, mode="linear")
+    np.testing.assert_allclose(lin[:2], [(user(1) + llm(1)) / 2, (user(0) + llm(0)) / 2], rtol=1e-5)
+    assert got[0] < lin[0]  # the geometric mean is below the arithmetic one when the welfares differ
+
+
 @pytest.mark.parametrize("shaping", ["grpo_lambda", "concise", "otc", "empo", "self_play", "campo",
                                      {"name": "fapo", "flaw_metric": "calls"},
                                      {"name": "posterior", "format_metric": "calls", "outcome_metric": "target_frac",
