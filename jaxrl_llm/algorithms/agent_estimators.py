@@ -236,3 +236,28 @@ def matchtir(x, *, gamma: float = 0.9, traj_weight: float = 0.5, epsilon: float 
     adv = core.matchtir_advantages(x["matchtir_rewards"], x["turn_mask"], x["group_ids"], x.num_groups, gamma=gamma,
                                    traj_weight=traj_weight, epsilon=epsilon, valid=x.get("valid"))
     return _tokens(x, adv)
+
+
+@register_estimator("rlvmr", paper="RLVMR: Reinforcement Learning with Verifiable Meta-Reasoning Rewards for Robust "
+                                   "Long-Horizon Agents, arXiv:2507.22844",
+                    core=("rlvmr_advantages", "broadcast_turns"),
+                    requires=("turn_mask", "turn_ids", "grounding", "rlvmr_rewards", "rlvmr_tags"), group_relative=True,
+                    methods=(239,),
+                    verified="hand values; the authors' code's rule rewards and normalisation (Tencent/DigitalHuman "
+                             "RLVMR, mirror zzjweb/digitalhuman @789ccd6)",
+                    tests=_TESTS + ", tests/conformance/test_rlvmr.py",
+                    note="turns tagged <planning> (rewarded in successful episodes), <explore> (a new action), "
+                         "<reflection> (a new action after an invalid one) earn rule rewards 1.0, normalised among the "
+                         "group's turns of the same tag and added (x weight, 1.0 in the scripts) to the outcome "
+                         "advantage of every turn (the return minus 0.1 for an invalid action); not reproduced: the "
+                         "cold-start SFT on tagged trajectories and ALFWorld / ScienceWorld")
+def rlvmr(x, *, weight: float = 1.0, invalid_penalty: float = 0.1, scale_by_std: bool = True,
+          epsilon: float = 1e-6, planning: float = 1.0, exploration: float = 1.0, reflection: float = 1.0
+          ) -> Advantages:
+    """RLVMR: outcome plus tag-normalised meta-reasoning advantages per turn (``planning``,
+    ``exploration``, ``reflection``: the rule rewards, read by the loop)."""
+    del planning, exploration, reflection
+    adv = core.rlvmr_advantages(x["scores"], x["rlvmr_rewards"], x["rlvmr_tags"], x["grounding"], x["turn_mask"],
+                                x["group_ids"], x.num_groups, weight=weight, invalid_penalty=invalid_penalty,
+                                scale_by_std=scale_by_std, epsilon=epsilon, valid=x.get("valid"))
+    return _tokens(x, adv)

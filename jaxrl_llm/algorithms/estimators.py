@@ -60,6 +60,8 @@ response is every token after the first prompt, ``mask`` its policy tokens):
 * ``matchtir_rewards [N, K]`` float32: MatchTIR's turn rewards, each turn's tool calls matched to
   the episode's gold calls (``reset``'s ``info["gold_calls"]``; the environment's reward for a turn
   without calls), :func:`jaxrl_llm.rewards.tool_matching.turn_rewards`;
+* ``rlvmr_rewards [N, K]`` float32 and ``rlvmr_tags [N, K]`` int32: RLVMR's meta-reasoning rule
+  reward of each turn and its tag (:func:`jaxrl_llm.training.agent_loop.rlvmr_turn_rewards`);
 * ``gt_logp [N, K + 1]`` float32: the sampling policy's mean log-prob per token of the gold
   answer (``reset``'s ``info["answer"]``) after the first prompt and after each turn.
 
@@ -132,7 +134,10 @@ PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", 
                                    "nash_pref": "sequence",
                                    # SPA-RL: the progress estimator's per-turn contributions and
                                    # the environment's grounding signal (action executed), [N, K]
-                                   "progress": "turn", "grounding": "turn"}
+                                   "progress": "turn", "grounding": "turn",
+                                   # RLVMR: each turn's meta-reasoning rule reward and tag (0 none, 1 planning,
+                                   # 2 explore, 3 reflection)
+                                   "rlvmr_rewards": "turn", "rlvmr_tags": "turn_index"}
 #: the kinds only the agent loop provides (multi-turn episodes)
 AGENT_KINDS = frozenset({"turn", "turn_mask", "turn_index", "token_index", "turn_boundary"})
 

@@ -46,6 +46,7 @@ from jaxrl_llm.core.advantages import _check_discount, _compact_responses, _reve
 from jaxrl_llm.core.stats import _check_concrete_ids, group_stats, masked_whiten, safe_divide
 
 __all__ = [
+    "rlvmr_advantages",
     "broadcast_turns",
     "place_turn_rewards",
     "turn_returns",
@@ -416,6 +417,64 @@ def matchtir_advantages(turn_rewards: jnp.ndarray, turn_mask: jnp.ndarray, group
     turn = turn_group_baseline_advantages(turn_rewards, turn_mask, group_ids, num_groups, gamma=gamma,
                                           scale_by_std=True, epsilon=epsilon, valid=valid)
     return _out(traj_weight * traj + (1.0 - traj_weight) * turn, m)
+
+
+#: RLVMR's meta-reasoning tags, by their codes in ``tags`` (0: none)
+RLVMR_TAGS = ("none", "planning", "explore", "reflection")
+
+
+def rlvmr_advantages(scores: jnp.ndarray, mr_rewards: jnp.ndarray, tags: jnp.ndarray, grounding: jnp.ndarray,
+                     turn_mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *, weight: float = 1.0,
+                     invalid_penalty: float = 0.1, scale_by_std: bool = True, epsilon: float = 1e-6,
+                     valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """RLVMR's advantage ("GRPO-MR"): an outcome advantage per turn plus ``weight`` times the
+    meta-reasoning reward normalised among the turns with the same tag.
+
+    Every turn is a row, as in the authors' verl-agent trainer: turn ``k`` of episode ``i`` scores
+    ``s_{i,k} = R_i - invalid_penalty [turn k's action was invalid]`` (``grounding`` 0), and
+
+    - ``A^out_{i,k} = (s_{i,k} - mean) / (std + epsilon)`` over all the turns of the group's
+      episodes;
+    - ``A^MR_{i,k} = (r_{i,k} - mean) / (std + epsilon)`` over the group's turns with the same
+      tag (``tags``: 0 none, 1 planning, 2 explore, 3 reflection; :data:`RLVMR_TAGS`), ``r`` the
+      rule rewards of :func:`jaxrl_llm.training.agent_loop.rlvmr_turn_rewards`;
+    - ``A_{i,k} = A^out_{i,k} + weight A^MR_{i,k}``.
+
+    Unbiased stds; a set of one turn gets mean 0 and std 1; ``scale_by_std=False`` is the code's
+    ``mean_norm``. Paper: "RLVMR: Reinforcement Learning with Verifiable Meta-Reasoning Rewards for
+    Robust Long-Horizon Agents", arXiv:2507.22844; code ``Tencent/DigitalHuman`` (``RLVMR/``, read
+    at the mirror ``zzjweb/digitalhuman`` @789ccd6: ``core_rlvmr.py``, ``episode_norm_reward``,
+    ``step_norm_reward_by_tag``; ``ray_trainer.py``'s invalid-action penalty 0.1; the scripts'
+    ``step_advantage_w`` 1.0 and ``mean_std_norm``). Identity: ``weight = 0`` and
+    ``invalid_penalty = 0`` is GRPO on the episode returns with every turn a row.
+
+    Args:
+      scores: ``[N]`` episode returns. mr_rewards, grounding: ``[N, K]`` float. tags: ``[N, K]``
+        int in ``0..3``. turn_mask: ``[N, K]``. group_ids, num_groups, valid: as usual.
+
+    Returns:
+      ``[N, K]`` float32; no gradient.
+    """
+    n, k = _check_turns(turn_mask, valid, mr_rewards=mr_rewards, grounding=grounding)
+    _check_group_args(group_ids, num_groups, n)
+    _check_turn_array("tags", tags, turn_mask, kind="int")
+    _checks.check_seq_args(n, scores=scores)
+    _checks.check_positive("invalid_penalty", invalid_penalty, allow_zero=True)
+    m, v = _weights(turn_mask, valid)
+    s = _checks.zero_outside(_checks.as_float(scores).astype(jnp.float32), v)
+    step = s[:, None] - invalid_penalty * (1.0 - _turn_float(grounding, m))
+    gid = jnp.broadcast_to(jnp.asarray(group_ids, jnp.int32)[:, None], (n, k))
+
+    def norm(x, ids, num):
+        cnt, mean, std = _pair_stats(x, ids, num, m)
+        single = cnt <= 1
+        mean, std = jnp.where(single, 0.0, mean), jnp.where(single, 1.0, std)
+        return safe_divide(x - mean, std + epsilon) if scale_by_std else x - mean
+
+    tag = jnp.clip(jnp.asarray(tags, jnp.int32), 0, len(RLVMR_TAGS) - 1)
+    out = norm(step, gid, num_groups) + weight * norm(_turn_float(mr_rewards, m), gid * len(RLVMR_TAGS) + tag,
+                                                       num_groups * len(RLVMR_TAGS))
+    return _out(out, m)
 
 
 # ----------------------------------------------------------------------------- Flow-GRPO

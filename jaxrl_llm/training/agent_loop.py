@@ -36,6 +36,7 @@ bitwise the uninterrupted one (tested).
 
 from __future__ import annotations
 
+import re
 import time
 from functools import partial
 from typing import Any
@@ -66,7 +67,7 @@ def _entropy(graphdef, chunk_size, temperature, params, others, tokens, mask):
 
 #: estimator inputs only an agent run provides (kind in PROVIDED_INPUTS): filled by the assemble phase
 AGENT_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "turn_entropy", "agent_ids", "gt_logp",
-                "progress", "grounding", "turn_tool_calls", "matchtir_rewards")
+                "progress", "grounding", "turn_tool_calls", "matchtir_rewards", "rlvmr_rewards", "rlvmr_tags")
 
 
 def _in_batch(tr, step) -> None:
@@ -208,6 +209,43 @@ def matchtir_turn_rewards(ep, k: int, *, assignment: str = "hungarian", unmatche
     return out
 
 
+_ACTION = re.compile(r"<action>(.*?)</action>")
+
+
+def rlvmr_turn_rewards(ep, k: int, *, planning: float = 1.0, exploration: float = 1.0,
+                       reflection: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """``([N, K] rewards, [N, K] tags)``: RLVMR's meta-reasoning rule reward of each turn (the
+    authors' ``process_trajectory_rlvmr_rewards``). A turn whose action was invalid (not
+    grounded) gets tag 0 and reward 0; otherwise its text's first tag among ``<planning>``,
+    ``<explore>``, ``<reflection>`` (in that order of precedence) sets the tag (none: 0) and
+
+    - planning (1): ``planning`` when the episode succeeded (return ``> 0``);
+    - explore (2): ``exploration`` when no earlier valid turn had the same ``<action>`` blocks;
+    - reflection (3): ``reflection`` when the previous turn was invalid (or there is none) and
+      its actions differ from this turn's.
+    """
+    n = len(ep.tokens)
+    rewards, tags = np.zeros((n, k), np.float32), np.zeros((n, k), np.int32)
+    for i in range(n):
+        texts, ok = ep.actions[i], ep.grounded[i]
+        acts = [_ACTION.findall(t) for t in texts]
+        success = sum(ep.rewards[i]) > 0
+        for t in range(min(len(texts), len(ok), k)):
+            if not ok[t]:
+                continue
+            text = texts[t]
+            if "<planning>" in text:
+                tags[i, t], rewards[i, t] = 1, planning if success else 0.0
+            elif "<explore>" in text:
+                seen = any(acts[j] == acts[t] and ok[j] for j in range(t))
+                tags[i, t], rewards[i, t] = 2, 0.0 if seen else exploration
+            elif "<reflection>" in text:
+                prev_ok = t > 0 and ok[t - 1]
+                differs = t == 0 or acts[t - 1] != acts[t]
+                tags[i, t], rewards[i, t] = 3, reflection if (not prev_ok and differs) else 0.0
+    return rewards, tags
+
+
 class AgentTrainer(RLTrainer):
     """Multi-turn RL on an environment family (module docstring): the loop of
     :class:`~jaxrl_llm.training.RLTrainer` with episodes as its rounds' rows. Its parts are the
@@ -294,6 +332,9 @@ class AgentTrainer(RLTrainer):
         turn_inputs["turn_tool_calls"] = np.zeros((len(ep.tokens), k), np.float32)
         for i, calls in enumerate(ep.turn_tool_calls):
             turn_inputs["turn_tool_calls"][i, :len(calls)] = calls[:k]
+        if "rlvmr_rewards" in rec.requires or "rlvmr_tags" in rec.requires:
+            turn_inputs["rlvmr_rewards"], turn_inputs["rlvmr_tags"] = rlvmr_turn_rewards(ep, k, **{
+                a: v for a, v in rec.estimator.kwargs if a in ("planning", "exploration", "reflection")})
         if "matchtir_rewards" in rec.requires:
             turn_inputs["matchtir_rewards"] = matchtir_turn_rewards(ep, k, **{
                 a: v for a, v in rec.estimator.kwargs if a in ("assignment", "unmatched")})

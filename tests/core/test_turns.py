@@ -644,3 +644,26 @@ def test_matchtir_hand_values_and_identity():
                                np.asarray(TU.flow_grpo_advantages(r.sum(1) * np.array([1, 1]), m, g, 1)), rtol=1e-6)
     with pytest.raises(ValueError, match="traj_weight"):
         TU.matchtir_advantages(r, m, g, 1, traj_weight=1.5)
+
+
+def test_rlvmr_advantages_by_hand():
+    import jaxrl_llm.core as C
+
+    # one group of two episodes, two turns each; episode 0 succeeded (return 1), episode 1 not
+    scores = np.array([1.0, 0.0], np.float32)
+    mr = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    tags = np.array([[2, 0], [2, 3]], np.int32)  # explore, none / explore, reflection
+    ground = np.array([[1.0, 1.0], [0.0, 1.0]], np.float32)  # episode 1's first action invalid
+    tm = np.ones((2, 2), bool)
+    got = np.asarray(C.rlvmr_advantages(scores, mr, tags, ground, tm, np.zeros(2, np.int32), 1, weight=0.5,
+                                        scale_by_std=False))
+    step = np.array([[1.0, 1.0], [-0.1, 0.0]])  # the return minus 0.1 for the invalid action
+    out = step - step.mean()
+    # explore turns (1.0 and 0.0) share a mean of 0.5; the none and reflection turns are alone (mean 0)
+    mr_adv = np.array([[0.5, 0.0], [-0.5, 1.0]])
+    np.testing.assert_allclose(got, out + 0.5 * mr_adv, rtol=1e-6, atol=1e-6)
+    # identity: weight 0 and no penalty is GRPO on the returns with every turn a row
+    base = np.asarray(C.rlvmr_advantages(scores, mr, tags, ground, tm, np.zeros(2, np.int32), 1, weight=0.0,
+                                         invalid_penalty=0.0))
+    x = np.array([1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(base.ravel(), (x - x.mean()) / (x.std(ddof=1) + 1e-6), rtol=1e-5)

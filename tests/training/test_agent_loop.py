@@ -337,3 +337,37 @@ def test_aspo_finds_the_first_tool_call_of_each_episode():
                                 mask, x["group_ids"], 1)
     np.testing.assert_allclose(out, np.asarray(want), atol=1e-6)
     assert out[1, 0] < base[1] < out[0, 0]  # the late caller loses, the early callers gain
+
+
+class EchoInvalid(Echo):
+    """Echo whose actions not starting with a letter of "abcd" are invalid (info["invalid"])."""
+
+    def step(self, action):
+        bad = action.strip()[:1] not in LETTERS
+        obs, r, done, trunc, info = super().step(action)
+        return obs, r, done, trunc, {**info, "invalid": bad}
+
+
+def test_rlvmr_in_the_loop_reads_the_turns_grounding_tags_and_rewards():
+    import jaxrl_llm.core as C
+
+    tr = make("grpo", env=EchoInvalid, advantage={"name": "rlvmr", "weight": 0.5})
+    tr.step()
+    b, ep = tr.last_batch, tr.last_episodes
+    k = max(ep.turns)
+    from jaxrl_llm.training.agent_loop import rlvmr_turn_rewards
+
+    r, tags = rlvmr_turn_rewards(ep, k)
+    tm = np.zeros((len(ep.tokens), k), bool)
+    gr = np.zeros((len(ep.tokens), k), np.float32)
+    for i, g in enumerate(ep.grounded):
+        tm[i, :len(g)], gr[i, :len(g)] = True, g
+    assert (gr[tm] == 0).any() and (gr[tm] == 1).any()  # invalid and valid actions both occur
+    turn_adv = C.rlvmr_advantages(ep.returns, r, tags, gr, tm, ep.group_ids, len(ep.seeds), weight=0.5)
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    tid = np.full(b["completion_mask"].shape, -1, np.int32)
+    for i in range(len(ep.tokens)):
+        pos = np.flatnonzero(b["completion_mask"][i])
+        tid[i, pos] = [t for t in ep.turn_ids[i] if t >= 0][:len(pos)]
+    want = np.asarray(C.broadcast_turns(turn_adv, tid, b["completion_mask"]))
+    np.testing.assert_allclose(b["advantages"][:, p - 1:], want, atol=1e-5)
