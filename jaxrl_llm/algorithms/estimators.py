@@ -491,6 +491,44 @@ def kepo(x, *, coef: float, threshold: float = 1.0, scale_by_std: bool = True, e
                                                          coef=coef))
 
 
+@register_estimator("ares", paper="ARES: Multimodal Adaptive Reasoning via Difficulty-Aware Token-Level Entropy "
+                                  "Shaping (AEPO, adaptive entropy), arXiv:2510.08457",
+                    core=("window_entropy_counts", "ares_entropy_reward", "grpo_advantages"),
+                    requires=("old_entropy",), group_relative=True, methods=(90,),
+                    verified="hand values; the authors' code's reward, buckets, window and percentile "
+                             "(shawn0728/ARES @146620e)",
+                    tests="tests/core/test_reward_shaping.py, tests/conformance/test_ares.py",
+                    note="GRPO on the score plus the hierarchical entropy reward: each response's high window-entropy "
+                         "token count against its difficulty bucket's target (prompt pass rate >= 2/3 easy, >= 1/3 "
+                         "medium, else hard; the target is the bucket's mean count); not reproduced: the trigger-word "
+                         "list (every response token counts), the threshold's smoothing over batches, the moving cap "
+                         "alpha and the per-bucket KL controller, the cold-start data")
+def ares(x, *, alpha: float = 0.5, window: int = 4, threshold: float | None = None, correct_threshold: float = 1.0,
+         scale_by_std: bool = True, epsilon: float = 1e-6) -> Advantages:
+    """ARES: GRPO on ``score + r_entropy`` (:func:`jaxrl_llm.core.ares_entropy_reward`)."""
+    from jaxrl_llm.core.stats import group_stats
+
+    valid = x.get("valid")
+    v = jnp.ones(x["scores"].shape, bool) if valid is None else jnp.asarray(valid, bool)
+    counts, _ = core.window_entropy_counts(x["old_entropy"], x["mask"] * v[:, None], window=window,
+                                           threshold=threshold)
+    correct = jnp.asarray(x["scores"]) >= correct_threshold
+    _, rate, _ = group_stats(correct.astype(jnp.float32), x["group_ids"], x.num_groups, v)
+    level = jnp.where(rate >= 2.0 / 3.0, 0, jnp.where(rate >= 1.0 / 3.0, 1, 2)).astype(jnp.int32)
+    _, prompt_mean, _ = group_stats(counts, x["group_ids"], x.num_groups, v)
+    # each bucket's target: the mean over its prompts of their mean count (each prompt once: its first row)
+    gid, rows = jnp.asarray(x["group_ids"]), jnp.arange(counts.shape[0], dtype=jnp.int32)
+    first = jnp.full(x.num_groups, counts.shape[0], jnp.int32).at[gid].min(jnp.where(v, rows, counts.shape[0]))
+    is_first = (rows == first[gid]) & v
+    onehot = (level[:, None] == jnp.arange(3)[None]) & is_first[:, None]
+    bucket = jnp.sum(onehot * prompt_mean[:, None], 0) / jnp.maximum(jnp.sum(onehot, 0), 1)
+    targets = jnp.round(bucket)[level]
+    bonus = core.ares_entropy_reward(counts, targets, correct, level, alpha=alpha)
+    shaped = jnp.where(v, jnp.asarray(x["scores"], jnp.float32) + bonus, 0.0)
+    return Advantages(core.grpo_advantages(shaped, x["mask"], x["group_ids"], x.num_groups, valid=valid,
+                                           scale_by_std=scale_by_std, epsilon=epsilon))
+
+
 _SEG_T = "tests/core/test_segments.py, tests/training/test_group_estimators.py"
 
 

@@ -35,6 +35,8 @@ __all__ = [
     "auto_cei_reward",
     "campo_repetition_penalty",
     "mutual_welfare_reward",
+    "window_entropy_counts",
+    "ares_entropy_reward",
     "dot_truncation_lengths",
     "hbpo_reward",
     "hbpo_advantages",
@@ -511,6 +513,107 @@ def mutual_welfare_reward(user_welfare: jnp.ndarray, llm_welfare: jnp.ndarray, *
     if mode == "linear":
         return sg((u + w) / 2.0)
     return sg(jnp.sqrt(jnp.maximum(u * w, 0.0)))
+
+
+def window_entropy_counts(entropy: jnp.ndarray, mask: jnp.ndarray, *, window: int = 4,
+                          threshold: jnp.ndarray | float | None = None, percentile: float = 95.0):
+    """ARES's high window-entropy (HWE) tokens: the response tokens after which the mean entropy of
+    the next ``window`` tokens is at least ``threshold``.
+
+    ``W_j = mean(H_j .. H_{j + window - 1})`` over the windows inside the response; token ``i`` is an
+    HWE token when ``W_{i + 1} >= threshold`` (the window after it, which must fit in the response).
+    With ``threshold=None`` it is the batch's median of each response's ``percentile``-th percentile
+    of its ``W_j`` (ARES's per-batch threshold; the code then smooths it over batches, 0.99 / 0.01).
+
+    Paper: "ARES: Multimodal Adaptive Reasoning via Difficulty-Aware Token-Level Entropy Shaping",
+    arXiv:2510.08457; code ``shawn0728/ARES`` @146620e (``vllm_rollout_spmd.py``: window 4, the
+    95th percentile; it counts only after the reasoning-trigger words of its
+    ``data/crucial_token_final_version.json`` and estimates ``H`` from the top-10 log-probs: here every
+    response token and the exact entropy).
+
+    Args:
+      entropy, mask: ``[B, T]`` (the response tokens contiguous in each row).
+
+    Returns:
+      ``(counts [B] float32, threshold scalar float32)``, no gradient.
+    """
+    _checks.check_token_args(entropy=entropy, mask=mask)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"argument 'window' must be an int >= 1, got {window!r}")
+    m = _checks.as_mask(mask)
+    h = _checks.zero_outside(_checks.as_float(entropy), m)
+    b, t = h.shape
+    zero = jnp.zeros((b, 1), h.dtype)
+    cs, cm = jnp.concatenate([zero, jnp.cumsum(h, 1)], 1), jnp.concatenate([zero, jnp.cumsum(m, 1)], 1)
+    n_win = max(t - window + 1, 0)
+    if n_win == 0:
+        return jnp.zeros(b, jnp.float32), jnp.float32(0.0)
+    wsum = cs[:, window:window + n_win] - cs[:, :n_win]
+    wcnt = cm[:, window:window + n_win] - cm[:, :n_win]
+    inside = wcnt >= window  # the window lies in the response
+    wmean = wsum / window
+    if threshold is None:
+        p = jnp.nanpercentile(jnp.where(inside, wmean, jnp.nan), percentile, axis=1)
+        threshold = jnp.nanmedian(p)
+        threshold = jnp.where(jnp.isnan(threshold), jnp.inf, threshold)
+    before = jnp.concatenate([jnp.zeros((b, 1), bool), m[:, :n_win - 1] > 0], 1)  # a response token precedes W_j
+    hwe = inside & before & (wmean >= threshold)
+    return sg(jnp.sum(hwe, 1).astype(jnp.float32)), sg(jnp.asarray(threshold, jnp.float32))
+
+
+_ARES_MARGIN, _ARES_KAPPA, _ARES_TEMP, _ARES_CAP = (0.15, 0.25, 0.35), (2.0, 3.0, 4.0), (2.0, 2.5, 3.0), (1.0, 1.0, 1.2)
+
+
+def ares_entropy_reward(counts: jnp.ndarray, targets: jnp.ndarray, correct: jnp.ndarray, level: jnp.ndarray, *,
+                        alpha: float = 0.5) -> jnp.ndarray:
+    """ARES's hierarchical entropy reward: fewer high-window-entropy tokens than the difficulty's
+    target on easy problems, about the target on medium ones, more on hard ones.
+
+    With ``d = N - T`` (the response's HWE count against its difficulty's target), margin ``mu =
+    max(1, f T)``, ``f`` = 0.15 / 0.25 / 0.35, Huber scale ``kappa`` = 2 / 3 / 4, sigmoid temperature
+    ``s`` = 2 / 2.5 / 3 and cap ``c = alpha`` x 1 / 1 / 1.2 for easy / medium / hard (``level`` 0 / 1 /
+    2), ``Hub(x) = x^2 / (2 kappa)`` up to ``kappa``, then ``x - kappa / 2``, ``S(x) = sigmoid(x / s)``:
+
+    - easy, correct: ``-min(c, Hub(max(d - mu, 0)) / (mu + kappa) c)``;
+    - medium, correct: the same with ``|d|``;
+    - easy / medium, wrong: ``S(max(d - mu, 0)) c`` x 0.6 / 0.8;
+    - hard, correct: ``S(d + mu) c`` if ``d >= -mu``, else ``-min(c, 0.5 Hub(-d - mu) / (mu + kappa) c)``;
+    - hard, wrong: ``S(max(d - mu, 0)) c``.
+
+    Paper: ARES (AEPO, adaptive entropy policy optimisation), arXiv:2510.08457; code
+    ``shawn0728/ARES`` @146620e (``examples/reward_function/aepo.py``, ``compute_score``; ``alpha`` is
+    its per-bucket cap, 0.5 at the start, which its trainer moves by 0.05 x the gap between the
+    bucket's mean count and its target). Identity: ``alpha = 0`` is no reward.
+
+    Args:
+      counts, targets: ``[B]`` float. correct: ``[B]`` bool. level: ``[B]`` int in ``{0, 1, 2}``.
+
+    Returns:
+      ``[B]`` float32, no gradient.
+    """
+    b = _seq("counts", counts)
+    for name, x in (("targets", targets), ("correct", correct), ("level", level)):
+        _seq(name, x, b)
+    _checks.check_positive("alpha", alpha, allow_zero=True)
+    lv = jnp.clip(jnp.asarray(level, jnp.int32), 0, 2)
+    pick = lambda tab: jnp.asarray(tab, jnp.float32)[lv]  # noqa: E731
+    tgt = _checks.as_float(targets)
+    d = _checks.as_float(counts) - tgt
+    mu = jnp.maximum(1.0, pick(_ARES_MARGIN) * jnp.maximum(tgt, 1.0))
+    kappa, temp, cap = pick(_ARES_KAPPA), pick(_ARES_TEMP), alpha * pick(_ARES_CAP)
+
+    def hub(x):
+        x = jnp.maximum(x, 0.0)
+        return jnp.where(x <= kappa, 0.5 * x * x / kappa, x - 0.5 * kappa)
+
+    sat = lambda x: jax.nn.sigmoid(x / temp)  # noqa: E731
+    ok = jnp.asarray(correct, bool)
+    easy_ok = -jnp.minimum(cap, hub(d - mu) / (mu + kappa) * cap)
+    med_ok = -jnp.minimum(cap, hub(jnp.abs(d) - mu) / (mu + kappa) * cap)
+    wrong = sat(jnp.maximum(d - mu, 0.0)) * cap * pick((0.6, 0.8, 1.0))
+    hard_ok = jnp.where(d >= -mu, sat(d + mu) * cap, -jnp.minimum(cap, 0.5 * hub(-d - mu) / (mu + kappa) * cap))
+    r = jnp.where(ok, jnp.where(lv == 0, easy_ok, jnp.where(lv == 1, med_ok, hard_ok)), wrong)
+    return sg(r)
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

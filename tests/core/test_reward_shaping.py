@@ -254,3 +254,22 @@ def test_auto_cei_reward_by_hand():
     refused = np.array([0, 0, 1, 1], bool)
     steps = np.array([5, 5, 13, 3], np.float32)
     close(C.auto_cei_reward(c, refused, steps, c1=13.0, c2=0.4), [1, -1, 0.0, 2 / (1 + math.exp(4.0)) - 1])
+
+
+def test_ares_entropy_reward_by_hand():
+    import math
+
+    import jaxrl_llm.core as C
+
+    sig = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
+    # easy, correct, 10 HWE tokens against a target of 4: margin max(1, 0.6) = 1, over = 5 > kappa 2
+    # -> Huber 5 - 1 = 4, penalty min(0.5, 4 / 3 x 0.5) = 0.5 (capped)
+    # medium, correct, 5 vs 4: |d| - margin(1) = 0 -> 0
+    # hard, wrong, 8 vs 4: margin max(1, 1.4) = 1.4, sigmoid(2.6 / 3) x 0.6 (cap 0.5 x 1.2)
+    # hard, correct, 0 vs 4: d = -4 < -1.4 -> -min(0.6, 0.5 Huber(2.6; 4) / 5.4 x 0.6)
+    got = np.asarray(C.ares_entropy_reward(np.array([10.0, 5.0, 8.0, 0.0]), np.array([4.0] * 4),
+                                           np.array([True, True, False, True]), np.array([0, 1, 2, 2])))
+    hub = 0.5 * 2.6 ** 2 / 4
+    np.testing.assert_allclose(got, [-0.5, 0.0, sig(2.6 / 3) * 0.6, -min(0.6, 0.5 * hub / 5.4 * 0.6)], rtol=1e-5)
+    assert np.all(np.asarray(C.ares_entropy_reward(np.array([10.0]), np.array([4.0]), np.array([True]),
+                                                   np.array([0]), alpha=0.0)) == 0)  # identity

@@ -152,3 +152,30 @@ def test_rto_run_end_to_end_with_another_runs_parameters(tmp_path):
                               recipe=RecipeSpec(name="ppo", advantage=Choice("rto")))
     s = run_rl(cfg)
     assert s["steps"] == 1
+
+
+def test_ares_shapes_the_score_by_the_high_window_entropy_counts_in_the_loop():
+    """ARES in the loop: GRPO on score + the entropy reward of each response's HWE count against its
+    bucket's target, recomputed from the batch's sampling entropies."""
+    from test_rl_recipes_extra import target_frac
+
+    tr = make("grpo", g=4, reward=[target_frac], advantage={"name": "ares", "correct_threshold": 0.15,
+                                                            "window": 2, "alpha": 1.0})
+    tr.step()
+    b = tr.last_batch
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    cm = b["completion_mask"]
+    ent = b["old_entropy"][:, p - 1:]
+    counts, _ = core.window_entropy_counts(ent, cm, window=2)
+    counts = np.asarray(counts)
+    correct = b["scores"] >= 0.15
+    gid = b["group_ids"]
+    ng = int(gid.max()) + 1
+    rate = np.array([correct[gid == g].mean() for g in range(ng)])
+    lv_g = np.where(rate >= 2 / 3, 0, np.where(rate >= 1 / 3, 1, 2))
+    pm = np.array([counts[gid == g].mean() for g in range(ng)])
+    tgt_b = [np.round(pm[lv_g == lv].mean()) if (lv_g == lv).any() else 0.0 for lv in range(3)]
+    r = np.asarray(core.ares_entropy_reward(counts, np.array(tgt_b)[lv_g[gid]], correct, lv_g[gid], alpha=1.0))
+    assert np.abs(r).max() > 0
+    want = core.grpo_advantages((b["scores"] + r).astype(np.float32), cm, gid, ng)
+    np.testing.assert_allclose(b["advantages"][:, p - 1:], np.asarray(want), atol=1e-5)
