@@ -126,6 +126,24 @@ PREFERENCE_LOSSES.register(Part(
          "per-token NLL of the original model's response (the chosen completion) on near- and out-of-scope "
          "pairs, weighted near_coef / out_coef; the synthetic data generation is not reproduced"))
 
+@_wraps(core.rationale_dpo_loss)
+def rdpo(logps, counts, batch, **kw):
+    ref = batch["ref_logps"]
+    return core.rationale_dpo_loss(logps[:, 0], logps[:, 1], ref[:, 0], ref[:, 1], logps[:, 2], **kw)
+
+
+PREFERENCE_LOSSES.register(Part(
+    "rdpo", rdpo,
+    paper="Data-Centric Human Preference Optimization with Rationales (Just et al.), arXiv:2407.14477",
+    core=("rationale_dpo_loss", "sigmoid_dpo_loss"), requires=_REF, methods=(236,),
+    verified="hand values, paper identity (gamma 0: DPO + log 2); a transcription of the authors' loss "
+             "(reds-lab/preference-learning-with-rationales @16111a1)",
+    tests="tests/core/test_preference.py, tests/training/test_rationale_dpo.py",
+    flags=(("paired", True), ("rationale", True)),
+    note="DPO + -log sigmoid(gamma log pi(rationale | the pair shown to a judge)); each pair's rationale from "
+         "pairs.rationale_field of a pairs file (a third row per pair); not reproduced: the machine-written "
+         "rationales (the data brings them) and R-ORPO"))
+
 PREFERENCE_LOSSES.register(Part(
     "spin", _paired_dpo(core.sigmoid_dpo_loss),
     paper="Self-Play Fine-Tuning Converts Weak Language Models to Strong Language Models (SPIN, Chen et al.), "

@@ -36,6 +36,7 @@ from jaxrl_llm.core.stats import safe_divide
 
 __all__ = [
     "mpo_easy_pairs",
+    "rationale_dpo_loss",
     "c3po_loss",
     "tgdpo_token_weights",
     "tgdpo_loss",
@@ -258,6 +259,41 @@ def mpo_easy_pairs(chosen_scores, rejected_scores, *, threshold: float) -> jnp.n
     _check_seq_floats(chosen_scores=chosen_scores, rejected_scores=rejected_scores)
     gap = jnp.asarray(chosen_scores, jnp.float32) - jnp.asarray(rejected_scores, jnp.float32)
     return _sg(gap >= jnp.float32(threshold))
+
+
+def rationale_dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, rationale_logps, *,
+                       beta: float = 0.1, gamma: float = 0.1) -> PreferenceOutput:
+    """Rationale-enriched DPO (RDPO): DPO's logistic loss plus a term that raises the likelihood of
+    the pair's rationale (a text saying why the chosen answer is better).
+
+    ``L = -log sigmoid(beta ((c - c_ref) - (r - r_ref))) - log sigmoid(gamma log pi(rationale |
+    x_rat))``, ``x_rat`` a prompt showing the question and both answers
+    (:data:`jaxrl_llm.data.pipeline.RATIONALE_TEMPLATE`), ``log pi(rationale | x_rat)`` the summed
+    log-likelihood of the rationale (``rationale_logps``). The rationale term has no reference
+    model; for a long rationale (large negative sum) it is close to ``-gamma log pi``, a weighted
+    NLL, and it saturates as the likelihood approaches 1.
+
+    Paper: Just et al., "Data-Centric Human Preference Optimization with Rationales",
+    arXiv:2407.14477; code ``reds-lab/preference-learning-with-rationales`` @16111a1
+    (``trainers.py``, ``RDPOTrainer.loss``; ``config/loss/rdpo.yaml``: ``beta`` 0.1, ``gamma`` 0.1;
+    the README's example run uses ``gamma`` 0.001). Identity: ``gamma = 0`` gives DPO plus the
+    constant ``log 2``.
+
+    Args:
+      chosen_logps ... ref_rejected_logps: ``[B]`` summed log-likelihoods. rationale_logps: ``[B]``.
+
+    Returns:
+      :class:`PreferenceOutput`; metrics add ``rationale_logps`` and ``rationale_loss`` (means).
+    """
+    _checks.check_positive("gamma", gamma, allow_zero=True)
+    beta, pc, pr, c, r, _, _ = _dpo_inputs(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
+                                           None, None, beta)
+    _check_seq_floats(chosen_logps=chosen_logps, rationale_logps=rationale_logps)
+    why = jnp.asarray(rationale_logps, jnp.float32)
+    term = -_log_sigmoid(gamma * why)
+    res = _dpo_output(-_log_sigmoid(beta * (c - r)) + term, beta, c, r, pc, pr)
+    res.metrics.update({"rationale_logps": _sg(jnp.mean(why)), "rationale_loss": _sg(jnp.mean(term))})
+    return res
 
 
 def c3po_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, scope, *,

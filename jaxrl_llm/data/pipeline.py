@@ -379,10 +379,37 @@ class PreferenceDataConfig(_PipelineConfig):
     length_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
     #: C3PO: the field giving each pair's scope, ``in`` / ``near`` / ``out`` (or 0 / 1 / 2); None: no scope
     scope_field: str | None = None
+    #: rationale-enriched preference learning: the field with each pair's rationale (a third row per
+    #: pair: ``rationale_template`` of the prompt and the two answers as the prompt, the rationale as
+    #: the completion); None: no rationale
+    rationale_field: str | None = None
+    rationale_template: str = ""
 
 
 #: the scope names of C3PO's pairs, in the order of their codes
 SCOPES = ("in", "near", "out")
+
+
+#: the rationale's prompt (the authors' judging question: reds-lab/preference-learning-with-rationales
+#: @16111a1, dataloader.py; the chosen answer always shown first)
+RATIONALE_TEMPLATE = ("Given the prompt: {prompt}. Which of the following assistant's response is more preferable "
+                      "and strictly follows with the prompt question? Response above: \"{chosen}\" or Response "
+                      "below: \"{rejected}\"?")
+
+
+def _text(x: Any) -> str:
+    """A prompt or answer as text: a string, or a conversation's messages' contents joined."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list):
+        return "\n".join(str(m.get("content", "")) for m in x if isinstance(m, dict))
+    return str(x)
+
+
+def rationale_prompt(template: str, prompt: str, chosen: str, rejected: str) -> str:
+    """The prompt of a pair's rationale row (``template`` with ``{prompt}``, ``{chosen}``,
+    ``{rejected}``; empty: :data:`RATIONALE_TEMPLATE`)."""
+    return (template or RATIONALE_TEMPLATE).format(prompt=prompt, chosen=chosen, rejected=rejected)
 
 
 def _scope(rec: dict, field: str) -> int:
@@ -406,23 +433,29 @@ class PreferenceBatch:
     where: list[str]
     #: ``[B]`` C3PO's scope code of each pair (``PreferenceDataConfig.scope_field``), or None
     scope: np.ndarray | None = None
+    #: rows per pair: 2 (chosen, rejected), 3 with a rationale row after them (rows ``2B..3B-1``)
+    slots: int = 2
 
     @property
     def num_pairs(self) -> int:
-        return self.tokens.shape[0] // 2
+        return self.tokens.shape[0] // self.slots
 
 
 def _pair_collate(pad: int, buckets: Sequence[int], max_length: int):
     def collate(items: list[dict]) -> PreferenceBatch:
         rows = [it["prompt"] + it["chosen"] for it in items] + [it["prompt"] + it["rejected"] for it in items]
         starts = [len(it["prompt"]) for it in items] * 2
+        slots = 3 if "rationale" in items[0] else 2
+        if slots == 3:  # the rationale after its own prompt (the pair shown to a judge)
+            rows += [it["rationale_prompt"] + it["rationale"] for it in items]
+            starts += [len(it["rationale_prompt"]) for it in items]
         length = _bucket(max(len(r) for r in rows), buckets, max_length)
         tokens, mask = pad_rows(rows, length, pad)
         loss = mask.copy()
         for i, s in enumerate(starts):
             loss[i, :s] = False
         scope = np.array([it["scope"] for it in items], np.int32) if "scope" in items[0] else None
-        return PreferenceBatch(tokens, mask, loss, [it["where"] for it in items], scope)
+        return PreferenceBatch(tokens, mask, loss, [it["where"] for it in items], scope, slots)
     return collate
 
 
@@ -444,6 +477,20 @@ def preference_dataset(source: Any, tokenizer: Any, config: PreferenceDataConfig
         item = {"prompt": p, "chosen": c, "rejected": r, "where": rec[WHERE]}
         if cfg.scope_field is not None:
             item["scope"] = _scope(rec, cfg.scope_field)
+        if cfg.rationale_field is not None:
+            why = _field(rec, cfg.rationale_field)
+            if not isinstance(why, str) or not why.strip():
+                raise DataError(f"{rec[WHERE]}: field {cfg.rationale_field!r} must be a non-empty string (the pair's "
+                                f"rationale), got {why!r:.80}")
+            judge = rationale_prompt(cfg.rationale_template, _text(_field(rec, cfg.prompt_field)),
+                                     _text(_field(rec, cfg.chosen_field)), _text(_field(rec, cfg.rejected_field)))
+            item["rationale_prompt"] = _tokens(tokenizer, render_prompt(tokenizer, judge, chat=cfg.chat,
+                                                                         system_prompt=cfg.system_prompt))
+            item["rationale"] = _completion_ids(tokenizer, why, rec, cfg.rationale_field, end_id)
+            n = max(n, len(item["rationale_prompt"]) + len(item["rationale"]))
+            if n > cfg.max_length:
+                return _Skip("too_long", rec[WHERE], f"pair with its rationale has {n} tokens > max_length="
+                                                     f"{cfg.max_length}")
         return item
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id

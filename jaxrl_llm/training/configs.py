@@ -411,7 +411,10 @@ class PairsSpec:
     ``recipe.loss=c3po``. ``split``: MPO's data selection (:func:`jaxrl_llm.core.mpo_easy_pairs`)
     of a pairs file's rows by their reward-model scores (the row fields ``score_fields``, chosen
     then rejected): ``"easy"`` trains on the pairs whose score gap is ``>= margin``, ``"hard"`` on
-    the others (``""``: every pair); the held-out pairs are not split.
+    the others (``""``: every pair); the held-out pairs are not split. ``rationale_field``: the
+    row field with each pair's rationale, read by ``recipe.loss=rdpo`` (a third row per pair: the
+    rationale after ``rationale_template``, by default
+    :data:`jaxrl_llm.data.pipeline.RATIONALE_TEMPLATE`, showing the prompt and both answers).
     """
 
     source: str = "self"
@@ -427,6 +430,8 @@ class PairsSpec:
     split: str = ""
     score_fields: tuple[str, str] = ("score_chosen", "score_rejected")
     margin: float | None = None
+    rationale_field: str = ""
+    rationale_template: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

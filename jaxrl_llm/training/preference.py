@@ -129,6 +129,8 @@ class PreferenceObjective:
     coupled: bool = False
     #: further per-pair columns the loss reads (its part's ``requires``: C3PO's ``scope [B]``)
     extra_keys: tuple[str, ...] = ()
+    #: rows per pair: 2, or 3 with a rationale row (``[B, 3, L]``; the loss sees ``logps [B, 3]``)
+    slots: int = 2
 
     def __post_init__(self):
         if not self.name:
@@ -141,7 +143,9 @@ class PreferenceObjective:
         if self.chunk_size < 1:
             raise ValueError(f"PreferenceObjective.chunk_size must be >= 1, got {self.chunk_size}")
         # run the loss once on a dummy pair: bad hyper-parameters fail here
-        one = jnp.ones((1, 2), jnp.float32)
+        if self.slots not in (2, 3) or (self.slots == 3 and not self.paired):
+            raise ValueError(f"PreferenceObjective.slots must be 2 or 3 (paired losses), got {self.slots!r}")
+        one = jnp.ones((1, self.slots), jnp.float32)
         dummy = {"ref_logps": -one, "desirable": jnp.ones((1,), bool), "kl_ref_point": jnp.zeros((1,), jnp.float32),
                  **{k: jnp.zeros((1,), jnp.int32) for k in self.extra_keys}}
         try:
@@ -181,8 +185,9 @@ class PreferenceObjective:
                     jnp.sum(m.astype(jnp.float32), axis=-1))
         tokens = batch["tokens"]
         want = 3 if self.paired else 2
-        if tokens.ndim != want or (self.paired and tokens.shape[1] != 2):
-            layout = "pair-major tokens [B, 2, L] (see preference_arrays)" if self.paired else "rows tokens [N, L]"
+        if tokens.ndim != want or (self.paired and tokens.shape[1] != self.slots):
+            layout = (f"pair-major tokens [B, {self.slots}, L] (see preference_arrays)" if self.paired
+                      else "rows tokens [N, L]")
             raise ValueError(f"PreferenceObjective(loss={self.name!r}) needs {layout}; got tokens of shape "
                              f"{tuple(tokens.shape)}")
         lead, n = tokens.shape[:-1], tokens.shape[-1]
@@ -302,6 +307,10 @@ PREFERENCE_RECIPES: dict[str, PreferenceRecipe] = {r.name: r for r in (
                      "Zhu et al., TGDPO: Harnessing Token-Level Reward Guidance for Enhancing Direct Preference "
                      "Optimization, arXiv:2506.14574",
                      "beta 0.1, alpha 0.5 (the authors' config); the token-reward model is model.aux_params"),
+    PreferenceRecipe("rdpo", "rdpo", (("beta", 0.1), ("gamma", 0.1)), 0.0,
+                     "Just et al., Data-Centric Human Preference Optimization with Rationales, arXiv:2407.14477",
+                     "beta 0.1, gamma 0.1 (the authors' config; their README's run: 0.001); each pair's rationale "
+                     "from pairs.rationale_field"),
     PreferenceRecipe("kto", "kto", (("beta", 0.1),), 0.0,
                      "Ethayarajh et al., KTO: Model Alignment as Prospect Theoretic Optimization, arXiv:2402.01306",
                      "beta 0.1, lambda_D = lambda_U = 1 (keep lambda_D n_D / (lambda_U n_U) in [1, 4/3]); "
@@ -325,7 +334,8 @@ def preference_objective(loss: str, *, sft_coef: float = 0.0, chunk_size: int = 
     return PreferenceObjective(bound, needs_reference="ref_logps" in part.requires, paired=part.flag("paired"),
                                sft_coef=sft_coef, chunk_size=chunk_size, name=loss,
                                token_weighted=bool(part.flag("token_weights")),
-                               extra_keys=tuple(sorted(part.requires - _KNOWN_COLUMNS)))
+                               extra_keys=tuple(sorted(part.requires - _KNOWN_COLUMNS)),
+                               slots=3 if part.flag("rationale") else 2)
 
 
 def preference_recipe(name: str, **overrides: Any) -> PreferenceObjective:
@@ -365,10 +375,10 @@ def preference_arrays(batch: PreferenceBatch | KTOBatch) -> dict[str, np.ndarray
                 "loss_mask": np.asarray(batch.loss_mask, bool)[:, 1:], "desirable": np.asarray(batch.desirable, bool)}
     if not isinstance(batch, PreferenceBatch):
         raise TypeError(f"preference_arrays needs a PreferenceBatch or KTOBatch, got {type(batch).__name__}")
-    b = batch.num_pairs
+    b, k = batch.num_pairs, batch.slots
 
-    def pairs(x):
-        return np.stack([x[:b], x[b:]], axis=1)
+    def pairs(x):  # [k B, ...] -> [B, k, ...]: chosen, rejected (and the rationale row)
+        return np.stack([x[i * b:(i + 1) * b] for i in range(k)], axis=1)
     out = {"tokens": pairs(np.asarray(batch.tokens, np.int32)), "mask": pairs(np.asarray(batch.mask, bool)),
            "loss_mask": pairs(np.asarray(batch.loss_mask, bool)[:, 1:])}
     if batch.scope is not None:  # C3PO's per-pair scope (data.scope_field)

@@ -99,6 +99,16 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
                           f"easy (a finite number), got {p.margin!r}")
     if len(p.score_fields) != 2 or not all(isinstance(f, str) and f for f in p.score_fields):
         raise ConfigError(f"pairs.score_fields must be two field names (chosen, rejected), got {p.score_fields!r}")
+    if getattr(obj, "slots", 2) == 3:
+        if not p.rationale_field or p.source in ("self", "spin"):
+            raise ConfigError(f"recipe.loss={obj.name} learns each pair's rationale: it needs a pairs file "
+                              f"(pairs.source=<file>) whose rows carry one, named by pairs.rationale_field")
+        if cfg.train.max_tokens_per_microbatch:
+            raise ConfigError(f"recipe.loss={obj.name} adds a rationale row to each pair; packing "
+                              f"(train.max_tokens_per_microbatch) takes pairs of two rows: set it to 0")
+    elif p.rationale_field:
+        raise ConfigError(f"pairs.rationale_field={p.rationale_field!r} is read by a rationale loss (recipe.loss=rdpo); "
+                          f"recipe.loss={obj.name} would ignore it")
     if cfg.model.init_params:
         raise ConfigError("model.init_params starts an RL run from another run's parameters; a preference run "
                           "starts from model.source (and its SFT warm-up)")
@@ -242,7 +252,9 @@ def _preference_phase(cfg: PreferenceRunConfig, objective, gd, tok, pairs: list,
                           f"pairs.scope_field to the field of the pair rows that gives it")
     if objective.paired:
         dcfg = PreferenceDataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed,
-                                    scope_field=p.scope_field or None)
+                                    scope_field=p.scope_field or None,
+                                    rationale_field=p.rationale_field or None if objective.slots == 3 else None,
+                                    rationale_template=p.rationale_template)
         make_data = preference_dataset
     else:
         dcfg = KTODataConfig(batch_size=p.batch_size, chat=cfg.data.chat, length_buckets=buckets, seed=seed)

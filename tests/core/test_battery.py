@@ -344,6 +344,7 @@ R["gated_distillation_advantages"] = (
     lambda s: [_n(s, (B, T)), _lp(s), _lp(s + 1), _mask(s)], 3)
 R["mpo_easy_pairs"] = (lambda c, r: C.mpo_easy_pairs(c, r, threshold=0.5), lambda s: [_n(s, (B,)), _n(s + 1, (B,))],
                        None)
+R["rationale_dpo_loss"] = (lambda a, b, c, d, e: C.rationale_dpo_loss(a, b, c, d, e), lambda s: pairs(s, 5), None)
 R["c3po_loss"] = (lambda a, b, c, d, n: C.c3po_loss(a, b, c, d, n, np.array([0, 1, 2, 0, 1, 2], np.int32)),
                   lambda s: pairs(s) + lengths(s)[:1], None)
 # outcome advantage estimators share one signature

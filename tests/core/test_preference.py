@@ -412,3 +412,20 @@ def test_c3po_scopes_hand_values_and_dpo_identity():
     assert np.all(np.asarray(g[1]) == 0)
     with pytest.raises(ValueError, match="near_coef"):
         P.c3po_loss(pc, pr, rc, rr, n, np.zeros(4, np.int32), near_coef=-1.0)
+
+
+def test_rationale_dpo_hand_values_and_identity():
+    import math
+
+    import jaxrl_llm.core as C
+
+    c, r, rc, rr = np.array([-2.0]), np.array([-3.0]), np.array([-2.5]), np.array([-2.5])
+    why = np.array([-10.0])
+    out = C.rationale_dpo_loss(c, r, rc, rr, why, beta=0.5, gamma=0.2)
+    # DPO: -log sigmoid(0.5 x ((-2 + 2.5) - (-3 + 2.5))) = -log sigmoid(0.5); rationale: -log sigmoid(-2)
+    want = math.log1p(math.exp(-0.5)) + math.log1p(math.exp(2.0))
+    np.testing.assert_allclose(np.asarray(out.losses), [want], rtol=1e-6)
+    np.testing.assert_allclose(float(out.metrics["rationale_loss"]), math.log1p(math.exp(2.0)), rtol=1e-6)
+    zero = C.rationale_dpo_loss(c, r, rc, rr, why, beta=0.5, gamma=0.0)
+    dpo = C.sigmoid_dpo_loss(c, r, rc, rr, beta=0.5)
+    np.testing.assert_allclose(np.asarray(zero.losses), np.asarray(dpo.losses) + math.log(2.0), rtol=1e-6)

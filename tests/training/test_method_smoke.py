@@ -167,6 +167,8 @@ def _preference(r):
     gd, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
     aux = nnx.split(Transformer(CFG, rngs=nnx.Rngs(2)))[1] if obj.token_weighted else None
     arrays = pair_batch()
+    if obj.slots == 3:  # a rationale row per pair (the chosen row's tokens stand for it)
+        arrays = {k: np.concatenate([v, v[:, :1]], axis=1) for k, v in arrays.items()}
     if "scope" in obj.extra_keys:  # C3PO: one pair of each scope (in, near, out)
         arrays["scope"] = np.arange(arrays["tokens"].shape[0], dtype=np.int32) % 3
 
