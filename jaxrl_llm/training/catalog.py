@@ -120,7 +120,8 @@ def catalog(*, library_only: bool = False) -> list[dict[str, Any]]:
 
 def reachable_core_functions() -> set[str]:
     """Core functions some registered part of the library is made of."""
-    return {c for key, reg in _registries().items() for p in reg.values() if _from_library(p.fn) for c in p.core}
+    return ({c for key, reg in _registries().items() for p in reg.values() if _from_library(p.fn) for c in p.core}
+            | {c for f in FEATURES for c in f["core"]})
 
 
 def _cell(x: Any) -> str:
