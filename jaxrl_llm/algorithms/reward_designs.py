@@ -347,6 +347,38 @@ def gtalign(x: ShapingInputs, *, metric: str | None = None, mode: str = "cobb_do
     return _replace(x, np.where(ok, r, 0.0))
 
 
+A2FM_MODE = r"<classification>\s*([A-Za-z_]+)\s*</classification>"
+
+
+def apo(x: ShapingInputs, *, tau: float, alpha: float = 2.0, metric: str | None = None, threshold: float = 1.0,
+        format_metric: str | None = None, mode_pattern: str = A2FM_MODE, fast_mode: str = "instant") -> np.ndarray:
+    """A²FM's APO reward (:func:`jaxrl_llm.core.apo_adaptive_reward`) in place of the total: the
+    mode of a completion is the first match of ``mode_pattern`` (its group 1; no match: not the
+    fast mode), a query's fast-mode success rate is that of its group's responses in
+    ``fast_mode`` (0 without any), correctness is reward function ``metric`` (default the total)
+    ``>= threshold``, the format reward function ``format_metric`` (``>= 1`` passes; unset: 1)."""
+    try:
+        pat = re.compile(mode_pattern)
+    except re.error as e:
+        raise ValueError(f"recipe.shaping=apo: mode_pattern {mode_pattern!r} is not a regular expression: {e}") from None
+    modes = []
+    for text in x.completions:
+        m = pat.search(text)
+        modes.append(m.group(1).strip().lower() if m and m.groups() else None)
+    fast = np.array([md == fast_mode.lower() for md in modes], bool)
+    correct = _correct(x, metric, threshold)
+    gid = np.asarray(x.group_ids)
+    rate = np.zeros(len(gid), np.float64)
+    for g in np.unique(gid):
+        rows = gid == g
+        n = (rows & fast).sum()
+        rate[rows] = (rows & fast & correct).sum() / n if n else 0.0
+    fmt = None if format_metric is None else jnp.asarray(_metric(x, format_metric) >= 1.0)
+    r = core.apo_adaptive_reward(jnp.asarray(correct), jnp.asarray(fast), jnp.asarray(rate, jnp.float32), fmt,
+                                 tau=tau, alpha=alpha)
+    return _replace(x, r)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -476,6 +508,15 @@ for _part in (
               "<response> layout, the payoff matrix's spread, length windows and the reasoning's brevity; "
               "mode=linear: the mean (the paper's ablation); not reproduced: the LLM judge (the run's verifier scores "
               "the answer), the pricing-aware inference, the PPO critic (recipe.name=ppo)"),
+    Part("apo", apo, paper="A²FM: An Adaptive Agent Foundation Model for Tool-Aware Hybrid Reasoning (APO), "
+                           "arXiv:2510.12838",
+         core=("apo_adaptive_reward",), methods=(4,),
+         verified="hand values (the paper's reward from secondary write-ups: no training code released)",
+         tests=_T, flags=_TEXT,
+         note="accuracy x (1 - p^2 for a slow mode on a query whose fast mode succeeds with rate p > tau) x format; "
+              "the mode from a <classification> tag; tau has no default; not reproduced: the rollouts forced into "
+              "each mode by prefix injection (p is the group's own fast-mode responses' success rate), the LLM "
+              "judge, the route-then-align SFT"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

@@ -35,6 +35,7 @@ __all__ = [
     "auto_cei_reward",
     "campo_repetition_penalty",
     "mutual_welfare_reward",
+    "apo_adaptive_reward",
     "window_entropy_counts",
     "ares_entropy_reward",
     "dot_truncation_lengths",
@@ -614,6 +615,40 @@ def ares_entropy_reward(counts: jnp.ndarray, targets: jnp.ndarray, correct: jnp.
     hard_ok = jnp.where(d >= -mu, sat(d + mu) * cap, -jnp.minimum(cap, 0.5 * hub(-d - mu) / (mu + kappa) * cap))
     r = jnp.where(ok, jnp.where(lv == 0, easy_ok, jnp.where(lv == 1, med_ok, hard_ok)), wrong)
     return sg(r)
+
+
+def apo_adaptive_reward(correct: jnp.ndarray, fast_mode: jnp.ndarray, fast_success: jnp.ndarray,
+                        formatted: jnp.ndarray | None = None, *, tau: float, alpha: float = 2.0) -> jnp.ndarray:
+    """A²FM's APO reward: accuracy times a cost term that taxes a slow mode on easy queries, times
+    the format.
+
+    ``r = 1[correct] x r_adaptive x 1[formatted]`` with ``r_adaptive = 1 - p^alpha`` when the query
+    is easy -- its fast ("instant") mode succeeds with rate ``p > tau`` -- and the response used a
+    slower mode (reasoning or agentic), else 1. The product zeroes the reward on any failure.
+
+    Paper: "A²FM: An Adaptive Agent Foundation Model for Tool-Aware Hybrid Reasoning" (APO),
+    arXiv:2510.12838: ``alpha = 2``; ``p`` the success rate of the rollouts forced into the instant
+    mode (the paper samples each mode rho = 3 times by prefix injection, plus gamma = 3 free
+    rollouts). From secondary write-ups of the paper (no training code is released): ``tau``'s value
+    was not found (no default). Identity: no easy query (``p <= tau``) is the product of accuracy
+    and format.
+
+    Args:
+      correct, fast_mode: ``[B]`` bool (the response chose the fast mode). fast_success: ``[B]`` the
+        query's fast-mode success rate in ``[0, 1]``. formatted: ``[B]`` bool or None (all).
+
+    Returns:
+      ``[B]`` float32, no gradient.
+    """
+    b = _seq("correct", correct)
+    _seq("fast_mode", fast_mode, b)
+    _seq("fast_success", fast_success, b)
+    _checks.check_positive("alpha", alpha)
+    p = _checks.as_float(fast_success)
+    slow_on_easy = (p > tau) & ~jnp.asarray(fast_mode, bool)
+    adaptive = jnp.where(slow_on_easy, 1.0 - jnp.power(p, alpha), 1.0)
+    fmt = 1.0 if formatted is None else jnp.asarray(formatted, bool).astype(jnp.float32)
+    return sg(jnp.asarray(correct, bool).astype(jnp.float32) * adaptive * fmt)
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

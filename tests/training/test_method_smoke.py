@@ -17,7 +17,7 @@ SEED_ROWS = [r for r in catalog(library_only=True) if r["methods"]]
 REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advantage", "eapo"): {"gamma": 0.9},
             ("recipe.advantage", "arm"): {"alpha": 0.1}, ("recipe.advantage", "kepo"): {"coef": 0.5, "threshold": 0.5}, ("recipe.advantage", "r3"): {"r_max": 0.5, "peak_frac": 0.2},
             ("recipe.advantage", "d3s"): {"total_steps": 2, "samples_init": 2, "tokens_init": 0.25},
-            ("recipe.shaping", "fapo"): {"flaw_metric": "calls"},
+            ("recipe.shaping", "fapo"): {"flaw_metric": "calls"}, ("recipe.shaping", "apo"): {"tau": 0.5},
             ("recipe.shaping", "cgpo"): {"reward_metric": "target_frac", "judges": ["calls"]},
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},

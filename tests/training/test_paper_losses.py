@@ -177,6 +177,23 @@ def test_campo_penalises_cut_responses_that_end_in_a_loop():
         SHAPING["campo"].fn(x, min_repeats=1)
 
 
+def test_apo_taxes_a_slow_mode_on_easy_queries():
+    tag = "<classification>{}</classification> ok"
+    texts = [tag.format("instant"), tag.format("instant"), tag.format("reasoning"), tag.format("agentic"),
+             tag.format("reasoning"), tag.format("reasoning"), "no tag", tag.format("instant")]
+    # group 0: instant succeeds 2 / 2 (p = 1 > tau): slow modes get 1 - 1 = 0; group 1: p = 0 / 1: no tax
+    x = _inputs([1, 1, 1, 1, 1, 0, 1, 0], [1] * 8, texts=texts)
+    np.testing.assert_allclose(x.scores + SHAPING["apo"].fn(x, tau=0.5), [1, 1, 0, 0, 1, 0, 1, 0])
+    # p = 0.5 in group 0 (one instant wrong): the slow mode keeps 1 - 0.25 when tau < 0.5
+    x2 = _inputs([1, 0, 1, 1], [1] * 4, texts=texts[:4])
+    np.testing.assert_allclose(x2.scores + SHAPING["apo"].fn(x2, tau=0.4), [1, 0, 0.75, 0.75])
+    np.testing.assert_allclose(x2.scores + SHAPING["apo"].fn(x2, tau=0.5), [1, 0, 1, 1])  # p = tau: not easy
+    fmt = _inputs([1, 0, 1, 1], [1] * 4, texts=texts[:4], per_fn={"fmt": np.array([1.0, 1.0, 0.0, 1.0])})
+    np.testing.assert_allclose(fmt.scores + SHAPING["apo"].fn(fmt, tau=0.9, format_metric="fmt"), [1, 0, 0, 1])
+    with pytest.raises(ValueError, match="not a regular expression"):
+        SHAPING["apo"].fn(x, tau=0.5, mode_pattern="(")
+
+
 def test_gtalign_welfare_by_hand():
     import json
     import math
