@@ -26,6 +26,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
             ("recipe.hints", "critique_grpo"): {"column": "solution"},
+            ("recipe.loop_part", "inspo"): {"instructions": ["1 1", "2 2"], "prune_every": 1, "min_uses": 1},
             ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
             ("recipe.truncation", "siri"): {"low": 2, "high": 6, "compress_steps": 1, "expand_steps": 1},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}
@@ -118,6 +119,10 @@ def _rl(r):
             from test_hints import ScafData, encode_ints
 
             kw.update(data=ScafData(4), encoder=encode_ints, old_logp="recompute")
+    if field == "loop_part" and r["name"] == "inspo":  # prompts re-encoded under their instruction
+        from test_hints import HintData, encode_ints
+
+        kw.update(data=HintData(4), encoder=encode_ints, buckets=(16,))
     if field == "selector":
         kw["candidates"] = 2
         kw["pcl"] = r["name"] == "pcl"
