@@ -220,23 +220,30 @@ IDK_PHRASES = ("i don't know", "sorry", "too difficult", "unfortunate", "no answ
 
 
 def auto_cei(x: ShapingInputs, *, metric: str | None = None, threshold: float = 1.0, c1: float = 13.0, c2: float = 0.4,
-             phrases: tuple = IDK_PHRASES, step_sep: str = "\n") -> np.ndarray:
+             phrases: tuple = IDK_PHRASES, step_sep: str = "\n", steps: str = "code") -> np.ndarray:
     """Auto-CEI's reward (:func:`jaxrl_llm.core.auto_cei_reward`) in place of the total: a
-    completion containing one of ``phrases`` is a refusal, scored by its reasoning steps (the
-    non-empty pieces of the text before the phrase, split at ``step_sep``); others +1 when the
-    reward function ``metric`` (default the total) is at least ``threshold``, else -1."""
+    completion containing one of ``phrases`` is a refusal, scored by its reasoning steps; others
+    +1 when the reward function ``metric`` (default the total) is at least ``threshold``, else -1.
+    ``steps="code"`` (the authors' ``reward_processor``) counts the pieces of the whole completion
+    split at ``step_sep`` (``"\n"``; their MATH setting: ``".\n"``), empty ones included;
+    ``steps="before"`` counts only the non-empty pieces before the refusal (the paper's wording)."""
     phrases = tuple(p.lower() for p in ((phrases,) if isinstance(phrases, str) else phrases))
     if not phrases or not step_sep:
         raise ValueError("recipe.shaping=auto_cei: phrases and step_sep must not be empty")
-    refused, steps = [], []
+    if steps not in ("code", "before"):
+        raise ValueError(f"recipe.shaping.steps must be 'code' or 'before', got {steps!r}")
+    refused, counts = [], []
     for text in x.completions:
         low = text.lower()
         at = [low.find(p) for p in phrases if p in low]
         refused.append(bool(at))
-        before = text[:min(at)] if at else text
-        steps.append(sum(1 for piece in before.split(step_sep) if piece.strip()))
+        if steps == "code":
+            counts.append(len(text.split(step_sep)))
+        else:
+            before = text[:min(at)] if at else text
+            counts.append(sum(1 for piece in before.split(step_sep) if piece.strip()))
     r = core.auto_cei_reward(jnp.asarray(_correct(x, metric, threshold)), jnp.asarray(refused),
-                             jnp.asarray(steps, jnp.float32), c1=c1, c2=c2)
+                             jnp.asarray(counts, jnp.float32), c1=c1, c2=c2)
     return _replace(x, r)
 
 
@@ -488,7 +495,8 @@ for _part in (
          core=("auto_cei_reward",), methods=(193,), verified="hand values (the authors' code's reward and phrases)",
          tests=_T, flags=_TEXT,
          note="+1 right, -1 wrong, a refusal (\"I don't know\", ...) scored tanh(c2 (steps - c1) / 2) by its "
-              "reasoning steps (lines before it); not reproduced: the expert iteration and the hill-climbing "
+              "reasoning steps (the completion's lines, as the code counts them; steps=before: the non-empty lines "
+              "before the refusal); not reproduced: the expert iteration and the hill-climbing "
               "curriculum that moves c1 (c1, c2 are arguments; 13 and 0.4 the code's defaults)"),
     Part("campo", campo, paper="MiroMind-M1: An Open-Source Advancement in Mathematical Reasoning via Context-Aware "
                                "Multi-Stage Policy Optimization (CAMPO), arXiv:2507.14683",

@@ -143,8 +143,11 @@ def test_shaping_parts_write_the_methods_rewards():
     # Auto-CEI: two reasoning lines then a refusal (2 steps), a refusal with no steps, a right and a wrong answer
     x = _inputs([1, 0, 0, 0], [1] * 4, texts=["x = 4", "step\n\nstep two\nSorry, I can't", "I don't know", "5"])
     import math
-    got = x.scores + SHAPING["auto_cei"].fn(x, c1=1.0, c2=1.0)
+    got = x.scores + SHAPING["auto_cei"].fn(x, c1=1.0, c2=1.0, steps="before")
     np.testing.assert_allclose(got, [1, 2 / (1 + math.exp(-1.0)) - 1, 2 / (1 + math.exp(1.0)) - 1, -1], atol=1e-6)
+    # the authors' count (the default): every piece of the whole completion, 4 and 1
+    got = x.scores + SHAPING["auto_cei"].fn(x, c1=1.0, c2=1.0)
+    np.testing.assert_allclose(got, [1, 2 / (1 + math.exp(-3.0)) - 1, 0.0, -1], atol=1e-6)
     # GUI-RCPO: the last [start, end] of each completion; [3, 1] and no brackets are no region
     x = _inputs([1, 0, 0, 1], [1] * 4, texts=["[0, 9] then [2, 3]", "at [2,3]", "[3, 1]", "none"])
     np.testing.assert_allclose(x.scores + SHAPING["region_consistency"].fn(x), [0.5, 0.5, 0, 0])
