@@ -222,7 +222,7 @@ MATCHTIR_ASSIGNMENTS = ("hungarian", "greedy")
                     requires=("turn_mask", "turn_ids", "matchtir_rewards"), group_relative=True, methods=(165,),
                     verified="hand values; the authors' code's similarity, turn rewards and fused advantage "
                              "(quchangle1/MatchTIR @f614ce1)",
-                    tests=_TESTS + ", tests/rewards/test_tool_matching.py",
+                    tests=_TESTS + ", tests/rewards/test_tool_matching.py, tests/conformance/test_matchtir.py",
                     note="turn rewards from matching each episode's tool calls to the environment's gold calls "
                          "(assignment=hungarian: scipy's maximum-weight matching, the paper's; greedy: the authors' "
                          "release); the advantage averages the group-normalised trajectory return and the per-turn "

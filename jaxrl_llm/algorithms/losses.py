@@ -74,7 +74,8 @@ def _aligndistil(logp, old_logp, advantages, mask, *, teacher_logp, teacher_weig
 def epo_surrogate(logp, old_logp, advantages, mask, *, entropy, old_entropy, epo_entropy_ref, epo_phase_weight,
                   entropy_coef: float = 0.001, smooth_coef: float = 1.0, penalty: float = 0.1, band_low: float = 0.8,
                   band_high: float = 1.2, phase_steps: int | None = None, clip_low: float = 0.2,
-                  clip_high: float | None = None, dual_clip: float | None = 3.0, is_weights=None):
+                  clip_high: float | None = None, dual_clip: float | None = 3.0, smooth: str = "hinge",
+                  is_weights=None):
     """:func:`jaxrl_llm.core.epo_loss` in the registry's convention: ``old_entropy`` is the
     sampling policy's entropy the loop part's history is made of, ``phase_steps`` the length of
     the phase-weight schedule (read by the loop part; unset: weight 1)."""
@@ -82,7 +83,7 @@ def epo_surrogate(logp, old_logp, advantages, mask, *, entropy, old_entropy, epo
     return core.epo_loss(logp, old_logp, advantages, mask, entropy=entropy, epo_entropy_ref=epo_entropy_ref,
                          epo_phase_weight=epo_phase_weight, entropy_coef=entropy_coef, smooth_coef=smooth_coef,
                          penalty=penalty, band_low=band_low, band_high=band_high, clip_low=clip_low,
-                         clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights)
+                         clip_high=clip_high, dual_clip=dual_clip, smooth=smooth, is_weights=is_weights)
 
 
 def reinforce_surrogate(logp, old_logp, advantages, mask, *, is_weights=None):
@@ -121,7 +122,7 @@ for _part in (
          core=("papo_loss",), requires=frozenset({"masked_logp"}), methods=(8,),
          verified="hand values, paper identity (gamma = eta = 0: PPO clip); the authors' code's k3 form and clamps "
                   "(MikeWangWZHL/PAPO @fb63bf4)",
-         tests="tests/core/test_policy_losses.py, tests/training/test_papo.py",
+         tests="tests/core/test_policy_losses.py, tests/training/test_papo.py, tests/conformance/test_papo_authors.py",
          note="PPO clip - gamma k3-KL(policy || policy given a masked prompt) + double entropy (eta_ori, eta_aug); the "
               "image's masked patches become prompt tokens replaced by the pad token with probability mask_prob "
               "(0.6), fresh each step; gamma 0.01, eta off (the authors' defaults)"),
@@ -131,7 +132,7 @@ for _part in (
          requires=frozenset({"old_entropy", "epo_entropy_ref", "epo_phase_weight"}), methods=(203,),
          verified="hand values, paper identity (coefficients 0: PPO clip); the authors' code's defaults, history "
                   "and phase weight (WujiangXu/EPO @5b6fa98)",
-         tests="tests/core/test_policy_losses.py, tests/training/test_epo.py", flags=(("entropy", True),),
+         tests="tests/core/test_policy_losses.py, tests/training/test_epo.py, tests/conformance/test_epo_authors.py", flags=(("entropy", True),),
          note="PPO clip - 0.001 H + the smoothing hinge outside [0.8, 1.2] x each turn's historical entropy (x 0.1, "
               "x the phase weight over phase_steps when set); the released penalty is a constant without gradient: "
               "ours is a hinge on the entropy (our decision, docstring); the history is a loop part, checkpointed"),
@@ -283,7 +284,7 @@ for _part in (
          core=("vppo_loss",), requires=frozenset({"masked_logp"}), methods=(48,),
          verified="hand values, paper identity (beta_min = 1, top_frac = 1: PPO clip); the authors' code's "
                   "estimator and normalisation (huaixuheqing/VPPO-RL @a23c54b)",
-         tests=_TB, flags=(("coupled", True),),
+         tests=_TB + ", tests/conformance/test_vppo.py", flags=(("coupled", True),),
          note="advantages re-weighted by each response's dependency on its prompt (k3 KL to the policy given a "
               "masked prompt, mean 1 over the mini-batch, from beta_min 0.9) and the loss kept on each response's 40% "
               "most dependent tokens; the image becomes the prompt (tokens masked with p = mask_prob 0.5)"),

@@ -138,7 +138,7 @@ PREFERENCE_LOSSES.register(Part(
     core=("rationale_dpo_loss", "sigmoid_dpo_loss"), requires=_REF, methods=(236,),
     verified="hand values, paper identity (gamma 0: DPO + log 2); a transcription of the authors' loss "
              "(reds-lab/preference-learning-with-rationales @16111a1)",
-    tests="tests/core/test_preference.py, tests/training/test_rationale_dpo.py",
+    tests="tests/core/test_preference.py, tests/training/test_rationale_dpo.py, tests/conformance/test_rationale_dpo_authors.py",
     flags=(("paired", True), ("rationale", True)),
     note="DPO + -log sigmoid(gamma log pi(rationale | the pair shown to a judge)); each pair's rationale from "
          "pairs.rationale_field of a pairs file (a third row per pair); not reproduced: the machine-written "

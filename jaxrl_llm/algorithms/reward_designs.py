@@ -493,7 +493,7 @@ for _part in (
     Part("auto_cei", auto_cei, paper="Automatic Curriculum Expert Iteration for Reliable LLM Reasoning (Auto-CEI; "
                                      "Zhao et al.), arXiv:2410.07627",
          core=("auto_cei_reward",), methods=(193,), verified="hand values (the authors' code's reward and phrases)",
-         tests=_T, flags=_TEXT,
+         tests=_T + ", tests/conformance/test_auto_cei.py", flags=_TEXT,
          note="+1 right, -1 wrong, a refusal (\"I don't know\", ...) scored tanh(c2 (steps - c1) / 2) by its "
               "reasoning steps (the completion's lines, as the code counts them; steps=before: the non-empty lines "
               "before the refusal); not reproduced: the expert iteration and the hill-climbing "

@@ -361,7 +361,7 @@ def papo_loss(logp, old_logp, advantages, mask, *, masked_logp, gamma: float = 0
 def epo_loss(logp, old_logp, advantages, mask, *, entropy, epo_entropy_ref, epo_phase_weight,
              entropy_coef: float = 0.001, smooth_coef: float = 1.0, penalty: float = 0.1, band_low: float = 0.8,
              band_high: float = 1.2, clip_low: float = 0.2, clip_high: float | None = None,
-             dual_clip: float | None = 3.0, is_weights=None):
+             dual_clip: float | None = 3.0, smooth: str = "hinge", is_weights=None):
     """EPO: PPO / GRPO with an entropy bonus and an entropy *smoothing* penalty that keeps each
     token's entropy within a band around its turn's historical average.
 
@@ -383,8 +383,13 @@ def epo_loss(logp, old_logp, advantages, mask, *, entropy, epo_entropy_ref, epo_
     the released penalty is the constant ``penalty`` outside the band, built with a comparison,
     so it has no gradient and the smoothing regulariser does not act on the policy; the paper
     describes a regulariser that bounds the entropy near its history, so here it is the hinge
-    above, scaled by ``penalty``, whose gradient pulls ``H_t`` back into the band. Identity:
-    ``entropy_coef = smooth_coef = 0`` is PPO's clip.
+    above, scaled by ``penalty``, whose gradient pulls ``H_t`` back into the band.
+    ``smooth="released"`` is the code's form instead: ``L_t = ppo_t - entropy_coef (H_t -
+    smooth_coef w penalty 1[H_t outside (band_low h_t, band_high h_t)])`` (strict bounds, the
+    penalty inside the entropy term, so scaled by ``entropy_coef``; a constant where it acts), for
+    comparison with the authors' runs; their gate that turns it on only from step ``max_step // 2``
+    is not reproduced (``phase_steps`` gives the phase weight). Identity: ``entropy_coef =
+    smooth_coef = 0`` is PPO's clip.
 
     Returns:
       ``(per_token [B, T], metrics)``: PPO's metrics, ``epo_entropy`` (mean ``H_t``),
@@ -402,11 +407,18 @@ def epo_loss(logp, old_logp, advantages, mask, *, entropy, epo_entropy_ref, epo_
     h = _checks.zero_outside(_checks.as_float(entropy), m)
     ref = sg(jnp.maximum(_checks.zero_outside(_checks.as_float(epo_entropy_ref), m), 0.0))
     w = sg(jnp.max(_checks.as_float(epo_phase_weight)))
+    _checks.check_choice("smooth", smooth, ("hinge", "released"))
+    if smooth == "released":
+        outside = sg(((h <= band_low * ref) | (h >= band_high * ref)) & (ref > 0)).astype(h.dtype)
+        per = per - entropy_coef * (h - smooth_coef * w * penalty * outside)
+        met.update({"epo_entropy": sg(masked_mean(h, m)), "epo_smooth": sg(masked_mean(outside, m)),
+                    "epo_out_of_band": sg(masked_mean(outside, m))})
+        return _finish(per, m, is_weights), met
     out = jax.nn.relu(band_low * ref - h) + jax.nn.relu(h - band_high * ref)
-    smooth = jnp.where(ref > 0, out / jnp.where(ref > 0, ref, 1.0), 0.0)
-    per = per - entropy_coef * h + smooth_coef * w * penalty * smooth
-    met.update({"epo_entropy": sg(masked_mean(h, m)), "epo_smooth": sg(masked_mean(smooth, m)),
-                "epo_out_of_band": sg(masked_mean(((smooth > 0) & (ref > 0)).astype(h.dtype), m))})
+    smooth_t = jnp.where(ref > 0, out / jnp.where(ref > 0, ref, 1.0), 0.0)
+    per = per - entropy_coef * h + smooth_coef * w * penalty * smooth_t
+    met.update({"epo_entropy": sg(masked_mean(h, m)), "epo_smooth": sg(masked_mean(smooth_t, m)),
+                "epo_out_of_band": sg(masked_mean(((smooth_t > 0) & (ref > 0)).astype(h.dtype), m))})
     return _finish(per, m, is_weights), met
 
 
