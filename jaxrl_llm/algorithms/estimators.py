@@ -290,7 +290,7 @@ def nash_md(x) -> Advantages:
                                   "(AnytimeReasoner / BRPO), arXiv:2505.13438",
                     core=("brpo_advantages", "brpo_budget_prior"), requires=("budget_scores",), group_relative=True,
                     methods=(13,), verified="hand values; the authors' code's formula (sail-sg/AnytimeReasoner @7e3f5bb)",
-                    tests="tests/core/test_group_advantages.py, tests/training/test_brpo.py",
+                    tests="tests/core/test_group_advantages.py, tests/training/test_brpo.py, tests/conformance/test_brpo_authors.py",
                     note="with recipe.loop_part=brpo (the summaries after each budget); the thinking tokens of segment "
                          "j (between budgets j-1 and j, budgets (j+1) T / S of the response length T) get BRPO's "
                          "advantage; the summaries are scored, not trained (the paper trains them too)")
@@ -321,7 +321,7 @@ def budget_bounds(length: int, num_budgets: int) -> list[int]:
                     core=("decs_advantages", "decs_token_rewards"), requires=("decs_token_rewards",),
                     group_relative=True, methods=(178,),
                     verified="hand values (the authors' code's rewards and per-position normalisation)",
-                    tests="tests/core/test_group_advantages.py, tests/training/test_decs.py",
+                    tests="tests/core/test_group_advantages.py, tests/training/test_decs.py, tests/conformance/test_decs_authors.py",
                     note="token rewards 1 + beta up to the first thinking chunk that already holds a correct answer, "
                          "1 + beta (1 - L / L_max) after it, 0 for wrong responses, normalised per position across the "
                          "group; the detector is the run's verifier on the chunk prefixes (the paper: a trained NRP "

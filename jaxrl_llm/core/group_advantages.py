@@ -1111,10 +1111,13 @@ def decs_token_rewards(correct: jnp.ndarray, necessary: jnp.ndarray, mask: jnp.n
 
     For a correct response of ``L`` tokens whose first ``necessary`` tokens reach the answer
     (its thinking up to the first chunk that already holds a correct answer): those tokens get
-    ``1 + beta``, the redundant ones after them ``1 + beta (1 - L / max_length)``; every token of
-    a wrong response gets 0. Paper: "Overthinking Reduction with Decoupled Rewards and Curriculum
-    Data Scheduling" (DECS), arXiv:2509.25827; code ``pixas/DECS`` @0d12e53
-    (``valid_ray_trainer.py``: beta 0.1, ``L_max`` 16384).
+    ``1 + beta``, the redundant ones after them ``1 + beta (1 - L / max_length)``; every position
+    of a wrong response gets 0. As in the authors' code the positions past a correct response's
+    end (its padding, which :func:`decs_advantages` counts in the group's statistics) hold
+    ``1 + beta`` too. Paper: "Overthinking Reduction with Decoupled Rewards and Curriculum Data
+    Scheduling" (DECS), arXiv:2509.25827; code ``pixas/DECS`` @0d12e53 (``valid_ray_trainer.py``,
+    ``compute_grpo_proc_length_advantage_return``: beta 0.1, ``L_max`` the padded response width,
+    its ``max_response_length`` 16384).
     """
     _checks.check_positive("beta", beta, allow_zero=True)
     _checks.check_positive("max_length", max_length)
@@ -1124,26 +1127,31 @@ def decs_token_rewards(correct: jnp.ndarray, necessary: jnp.ndarray, mask: jnp.n
     pos = jnp.arange(t)[None]
     nec = pos < jnp.asarray(necessary, jnp.float32)[:, None]
     ok = jnp.asarray(correct, bool)[:, None]
-    r = jnp.where(nec, 1.0 + beta, 1.0 + beta * (1.0 - length / max_length)[:, None])
-    return jax.lax.stop_gradient(jnp.where(ok & (m > 0), r, 0.0))
+    redundant = ~nec & (pos < length[:, None])
+    r = jnp.where(redundant, 1.0 + beta * (1.0 - length / max_length)[:, None], 1.0 + beta)
+    return jax.lax.stop_gradient(jnp.where(ok, r, 0.0))
 
 
 def decs_advantages(token_rewards: jnp.ndarray, mask: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
                     epsilon: float = 1e-6, pad_in_stats: bool = True, valid: jnp.ndarray | None = None) -> jnp.ndarray:
     """DECS's advantage: each position's reward normalised across the group at that position,
-    ``A_{i,t} = (R_{i,t} - mean_g R_{., t}) / (std_g R_{., t} + epsilon)`` (unbiased std). With
-    ``pad_in_stats`` (the authors' code) the group's padded positions count as rewards 0 in the
-    statistics; without it only responses that reach position ``t`` count. Masked to the response.
+    ``A_{i,t} = (R_{i,t} - mean_g R_{., t}) / (std_g R_{., t} + epsilon)`` (unbiased std; a group
+    of one response: mean 0, std 1). With ``pad_in_stats`` (the authors' code) every response counts at
+    every position, with the reward ``token_rewards`` holds there past its end (the code's: ``1 +
+    beta`` for a correct response, 0 for a wrong one; :func:`decs_token_rewards`); without it only
+    the responses that reach position ``t`` count. Masked to the response.
     """
     _checks.check_rank("token_rewards", token_rewards, 2)
     m = _checks.as_mask(mask)
     b, t = m.shape
     v = jnp.ones((b,), jnp.float32) if valid is None else _checks.as_mask(valid)
-    r = jnp.where(m > 0, _checks.as_float(token_rewards), 0.0)
+    r = _checks.as_float(token_rewards) if pad_in_stats else jnp.where(m > 0, _checks.as_float(token_rewards), 0.0)
     w = (jnp.ones_like(m) if pad_in_stats else m) * v[:, None]
     cnt = jax.ops.segment_sum(w, group_ids, num_segments=num_groups)
     mean = safe_divide(jax.ops.segment_sum(r * w, group_ids, num_segments=num_groups), cnt)
     dev = (r - mean[group_ids]) * w
     var = safe_divide(jax.ops.segment_sum(dev * dev, group_ids, num_segments=num_groups), jnp.maximum(cnt - 1.0, 1.0))
-    adv = (r - mean[group_ids]) / (jnp.sqrt(var)[group_ids] + epsilon)
+    rows = jax.ops.segment_sum(v, group_ids, num_segments=num_groups)
+    single = (rows <= 1.0)[group_ids][:, None]  # a group of one response: mean 0, std 1 (the code's)
+    adv = jnp.where(single, r, (r - mean[group_ids]) / (jnp.sqrt(var)[group_ids] + epsilon))
     return jax.lax.stop_gradient(jnp.where((m > 0) & (v[:, None] > 0), adv, 0.0))

@@ -169,7 +169,10 @@ R.update({
     "decs_token_rewards": (lambda c, n, m: C.decs_token_rewards(c, n, m, max_length=8.0),
                            lambda s: [_rng(s).integers(0, 2, B).astype(bool), _rng(s).integers(0, T, B).astype(np.float32),
                                       _mask(s)], 2),
-    "decs_advantages": (lambda r, m: C.decs_advantages(r, m, GID, NG), lambda s: [np.abs(_n(s, (B, T))), _mask(s)], 1),
+    # pad_in_stats=False: with True (the default, the authors' code) the rewards past a response's end
+    # are inputs by design (they count in the group's statistics), so "under the mask" is not garbage
+    "decs_advantages": (lambda r, m: C.decs_advantages(r, m, GID, NG, pad_in_stats=False),
+                        lambda s: [np.abs(_n(s, (B, T))), _mask(s)], 1),
     "brpo_advantages": (lambda sc, v: C.brpo_advantages(sc, GID, NG, prior=C.brpo_budget_prior(3), valid=v),
                         lambda s: [_rng(s).uniform(0, 1, (B, 3)).astype(np.float32), np.ones(B, bool)], 1),
     "matchtir_advantages": (lambda r, m: C.matchtir_advantages(r, m, GID, NG),

@@ -478,7 +478,8 @@ def test_r3_entropy_ranking_by_hand():
 def test_decs_rewards_and_per_position_advantages_by_hand():
     m = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.float32)
     r = np.asarray(C.decs_token_rewards(np.array([1, 0], bool), np.array([2, 0]), m, beta=0.1, max_length=4.0))
-    np.testing.assert_allclose(r, [[1.1, 1.1, 1 + 0.1 * (1 - 3 / 4), 0], [0, 0, 0, 0]], rtol=1e-6)
+    # past the correct response's end (its padding) 1 + beta, as the authors' code holds it
+    np.testing.assert_allclose(r, [[1.1, 1.1, 1 + 0.1 * (1 - 3 / 4), 1.1], [0, 0, 0, 0]], rtol=1e-6)
     a = np.asarray(C.decs_advantages(r, m, np.zeros(2, np.int32), 1))
     # position 0: values 1.1 and 0: mean .55, unbiased std .7778 -> +-0.7071; position 2: 1.025 and 0 (padding
     # counted): +-0.7071 on the real token, the padded one masked
