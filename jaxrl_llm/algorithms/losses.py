@@ -151,7 +151,7 @@ for _part in (
          methods=(230,),
          verified="hand values, the score-function identity (the expectation over sampled tokens is the exact "
                   "reverse KL's gradient); the teacher and w from the authors' code (songmzhang/AlignDistil @f80ca4e)",
-         tests="tests/core/test_policy_losses.py, tests/training/test_aligndistil.py",
+         tests="tests/core/test_policy_losses.py, tests/training/test_aligndistil.py, tests/conformance/test_aligndistil_authors.py",
          note="on-policy distillation to z* = z_dpo + w (z_dpo - z_rdpo), w = beta2 TV(pi_dpo, pi_rdpo) + 1e-3, loss "
               "(beta / w) x the reverse KL on the sampled tokens (the authors: the full vocabulary); the DPO model is "
               "model.aux_params, the reverse-DPO model model.reverse_params; advantages unused (no reward)"),

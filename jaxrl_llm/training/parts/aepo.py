@@ -45,6 +45,21 @@ from jaxrl_llm.training.rounds import put_result, take_rollout_rows
 __all__ = ["AEPO"]
 
 
+def aepo_picks(totals, hot: bool, *, max_rows: int = 60, threshold: float = 0.05) -> list[tuple[int, int]]:
+    """The re-sampled responses AEPO injects, in order: ``(prompt, sample)`` of those whose GRPO
+    advantage within their group (``(r - mean) / (std + 1e-6)``, unbiased std; a group of one: the
+    score itself) exceeds ``threshold``, the first ``min(max_rows, found)`` of them -- half as many
+    when the entropy is above its target (``hot``). ``totals``: ``[P, G]`` reward totals."""
+    tot = np.nan_to_num(np.asarray(totals, np.float64), nan=0.0)
+    g = tot.shape[1]
+    mean = tot.mean(1, keepdims=True) if g > 1 else np.zeros_like(tot[:, :1])
+    std = tot.std(1, ddof=1, keepdims=True) if g > 1 else np.ones_like(tot[:, :1])
+    adv = (tot - mean) / (std + 1e-6)
+    good = [(p, j) for p in range(tot.shape[0]) for j in range(g) if adv[p, j] > threshold]
+    k = min(max_rows, len(good))
+    return good[:k // 2 if hot else k]
+
+
 @loop_part
 class AEPO(NamedLoopPart):
     key = "recipe.loop_part=aepo"
@@ -95,23 +110,16 @@ class AEPO(NamedLoopPart):
         sub = take_rollout_rows(sub, np.arange(take * g))
         cols = {c: list(v)[:take] for c, v in batch.columns.items()}
         sub_out = ctx.score(list(batch.prompts)[:take], cols, sub)
-        tot = np.nan_to_num(np.asarray(sub_out.total, np.float64), nan=0.0).reshape(take, g)
-        mean = tot.mean(1, keepdims=True)
-        std = tot.std(1, ddof=1, keepdims=True) if g > 1 else np.ones_like(mean)
-        adv = (tot - mean) / (std + 1e-6)
-        good = [(p, j) for p in range(take) for j in range(g) if adv[p, j] > self.threshold]
-        k = min(self.max_rows, len(good))
-        if self.entropy > self.target:
-            k //= 2
+        tot = np.asarray(sub_out.total, np.float64).reshape(take, g)
+        picks = aepo_picks(tot, self.entropy > self.target, max_rows=self.max_rows, threshold=self.threshold)
         pidx = np.asarray(roll.prompt_index)
         free = {p: list(np.flatnonzero(pidx == p)[1:][::-1]) for p in range(take)}  # last rows first, never the first
         src, dst = [], []
-        for p, j in good:
-            if len(src) == k:
-                break
-            if free[p]:
+        for p, j in picks:
+            if free[p]:  # at most g - 1 picks per group (one row is below its mean): always a free row
                 src.append(p * g + j)
                 dst.append(int(free[p].pop(0)))
+        good = aepo_picks(tot, False, max_rows=take * g, threshold=self.threshold)
         if src:
             sub_rows = take_rollout_rows(sub, src)._replace(prompt_index=pidx[dst].astype(np.int32))
             picked = RewardOutput(np.asarray(sub_out.total)[src], {f: np.asarray(v)[src] for f, v in sub_out.per_fn.items()},
@@ -157,7 +165,7 @@ LOOP_PART_OPTIONS.register(Part(
     paper="Arbitrary Entropy Policy Optimization: Entropy Is Controllable in Reinforcement Fine-tuning (AEPO), "
           "arXiv:2510.08141",
     methods=(81,), verified="hand values (the authors' code's rule: 597358816/AEPO @b353a05)",
-    tests="tests/training/test_aepo.py",
+    tests="tests/training/test_aepo.py, tests/conformance/test_aepo_authors.py",
     note="a quarter of the prompts re-sampled at T = 1.2 while the entropy estimate is <= the target 0.5, else 0.8; "
          "their better-than-group responses (up to 60, half when hot) replace rows of their own group with advantage "
          "+1 (REINFORCE on the temperature-T policy); needs recipe.old_logp=recompute"))
