@@ -386,6 +386,28 @@ def apo(x: ShapingInputs, *, tau: float, alpha: float = 2.0, metric: str | None 
     return _replace(x, r)
 
 
+def group_contrastive_aux(x: ShapingInputs, *, margin: float, metric: str | None = None, threshold: float = 1.0,
+                          aux_pattern: str = r"<aux>.*?</aux>", aux_weight: float = 1.0, length_weight: float = 0.0,
+                          max_length: float = 900.0) -> np.ndarray:
+    """GeometryZero's GCPO reward terms added to the total: ``aux_weight`` x the group-contrastive
+    auxiliary reward (:func:`jaxrl_llm.core.group_contrastive_aux_reward`; a completion uses the
+    auxiliary step when ``aux_pattern`` matches it, the paper's ``<aux>...</aux>``) plus
+    ``length_weight`` x ``min(L, max_length) / max_length`` (L in tokens; the length reward of the
+    authors' pre-release code, ``ekonwang/r1_workspace`` @6ad71ad, with 0.5 and 900 there; off by
+    default: the paper's form was not available to us)."""
+    try:
+        pat = re.compile(aux_pattern, re.DOTALL)
+    except re.error as e:
+        raise ValueError(f"recipe.shaping=group_contrastive_aux: aux_pattern {aux_pattern!r}: {e}") from None
+    if max_length <= 0:
+        raise ValueError(f"recipe.shaping.max_length must be > 0, got {max_length!r}")
+    used = np.array([pat.search(t) is not None for t in x.completions], bool)
+    aux = core.group_contrastive_aux_reward(jnp.asarray(used), jnp.asarray(_correct(x, metric, threshold)),
+                                            *_g(x), margin=margin)
+    length = np.minimum(np.asarray(x.lengths, np.float64), max_length) / max_length
+    return (aux_weight * np.asarray(aux, np.float64) + length_weight * length).astype(np.float32)
+
+
 HBPO_BUDGETS = (512, 1024, 2048, 2560)
 
 
@@ -525,6 +547,15 @@ for _part in (
               "the mode from a <classification> tag; tau has no default; not reproduced: the rollouts forced into "
               "each mode by prefix injection (p is the group's own fast-mode responses' success rate), the LLM "
               "judge, the route-then-align SFT"),
+    Part("group_contrastive_aux", group_contrastive_aux,
+         paper="GeometryZero: Improving Geometry Solving for LLM with Group Contrastive Policy Optimization (GCPO), "
+               "arXiv:2506.07160",
+         core=("group_contrastive_aux_reward",), methods=(213,),
+         verified="hand values (the paper's Eq. 3; the masking's cases reconstructed from reviews, margin required)",
+         tests=_T, flags=_TEXT,
+         note="+1 / -1 / 0 for an <aux> step by whether its group's responses with it are right more or less often "
+              "than those without (by > margin), plus an optional capped length reward; not reproduced: the exact "
+              "Eq. 4 and margin, the length reward's form, the geometry data and tool execution"),
     Part("hbpo", hbpo, paper="Hierarchical Budget Policy Optimization for Adaptive Reasoning (HBPO), arXiv:2507.15844",
          core=("hbpo_reward",), methods=(2,), verified="hand values (the authors' code), paper identity (f1(b, b) = "
                                                       "f2(b))", tests=_T,

@@ -36,6 +36,7 @@ __all__ = [
     "campo_repetition_penalty",
     "mutual_welfare_reward",
     "apo_adaptive_reward",
+    "group_contrastive_aux_reward",
     "window_entropy_counts",
     "ares_entropy_reward",
     "dot_truncation_lengths",
@@ -649,6 +650,42 @@ def apo_adaptive_reward(correct: jnp.ndarray, fast_mode: jnp.ndarray, fast_succe
     adaptive = jnp.where(slow_on_easy, 1.0 - jnp.power(p, alpha), 1.0)
     fmt = 1.0 if formatted is None else jnp.asarray(formatted, bool).astype(jnp.float32)
     return sg(jnp.asarray(correct, bool).astype(jnp.float32) * adaptive * fmt)
+
+
+def group_contrastive_aux_reward(used: jnp.ndarray, correct: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,
+                                 margin: float, valid: jnp.ndarray | None = None) -> jnp.ndarray:
+    """GeometryZero's group contrastive masking of an auxiliary-construction reward: a response
+    that uses the auxiliary step (``used``; the paper's auxiliary lines) is rewarded +1 when, in its
+    group, the responses that use it are right more often than those that do not by more than
+    ``margin``, -1 when less often by more than ``margin``, and 0 (masked) otherwise, or when either
+    side of the group is empty; responses that do not use it get 0.
+
+    Paper: "GeometryZero: Improving Geometry Solving for LLM with Group Contrastive Policy
+    Optimization" (GCPO), arXiv:2506.07160: ``R_aux = 1`` for a construction (its Eq. 3) made
+    conditional on the group's accuracy contrast (its Eq. 4, whose exact cases and margin we could
+    not read: this is our reconstruction from reviews of the paper, and ``margin`` has no default).
+    Identity: a margin of 1 or more masks every response (no aux reward).
+
+    Args:
+      used, correct: ``[B]`` bool. group_ids, num_groups, valid: as usual.
+
+    Returns:
+      ``[B]`` float32 in ``{-1, 0, 1}``, no gradient.
+    """
+    b = _seq("used", used)
+    _seq("correct", correct, b)
+    _checks.check_positive("margin", margin, allow_zero=True)
+    v = jnp.ones(b, jnp.float32) if valid is None else _checks.as_mask(valid)
+    u = jnp.asarray(used, bool).astype(jnp.float32) * v
+    nu = (1.0 - jnp.asarray(used, bool).astype(jnp.float32)) * v
+    c = jnp.asarray(correct, bool).astype(jnp.float32)
+    n_u, n_n = group_sum(u, group_ids, num_groups), group_sum(nu, group_ids, num_groups)
+    acc_u = safe_divide(group_sum(u * c, group_ids, num_groups), n_u)
+    acc_n = safe_divide(group_sum(nu * c, group_ids, num_groups), n_n)
+    diff = acc_u - acc_n
+    both = (n_u > 0) & (n_n > 0)
+    sign = jnp.where(both & (diff > margin), 1.0, jnp.where(both & (diff < -margin), -1.0, 0.0))
+    return sg(sign[jnp.asarray(group_ids)] * u)
 
 
 def self_play_win_rate(preference: jnp.ndarray, group_ids: jnp.ndarray, num_groups: int, *,

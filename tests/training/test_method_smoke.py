@@ -18,6 +18,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.advantage", "arm"): {"alpha": 0.1}, ("recipe.advantage", "kepo"): {"coef": 0.5, "threshold": 0.5}, ("recipe.advantage", "r3"): {"r_max": 0.5, "peak_frac": 0.2},
             ("recipe.advantage", "d3s"): {"total_steps": 2, "samples_init": 2, "tokens_init": 0.25},
             ("recipe.shaping", "fapo"): {"flaw_metric": "calls"}, ("recipe.shaping", "apo"): {"tau": 0.5},
+            ("recipe.shaping", "group_contrastive_aux"): {"margin": 0.1},
             ("recipe.shaping", "cgpo"): {"reward_metric": "target_frac", "judges": ["calls"]},
             ("recipe.shaping", "posterior"): {"format_metric": "calls", "outcome_metric": "binary",
                                               "thinking_metric": "target_frac"},

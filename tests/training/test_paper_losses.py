@@ -180,6 +180,20 @@ def test_campo_penalises_cut_responses_that_end_in_a_loop():
         SHAPING["campo"].fn(x, min_repeats=1)
 
 
+def test_group_contrastive_aux_by_hand():
+    aux = "<aux>draw</aux> "
+    # group 0: with aux 2/2 right, without 0/2: +1 to the aux rows; group 1: with 0/1, without 2/3: -1;
+    # group 2: with 1/2, without 1/2: masked (0)
+    texts = [aux + "a", aux + "b", "c", "d", aux + "e", "f", "g", "h", aux, aux, "i", "j"]
+    x = _inputs([1, 1, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0], [10] * 12, texts=texts)
+    got = SHAPING["group_contrastive_aux"].fn(x, margin=0.2)
+    np.testing.assert_allclose(got, [1, 1, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0])
+    # a group whose responses all use it (or none does): masked; margin 1: everything masked
+    assert np.all(SHAPING["group_contrastive_aux"].fn(x, margin=1.0) == 0)
+    with_len = SHAPING["group_contrastive_aux"].fn(x, margin=0.2, aux_weight=0.0, length_weight=0.5, max_length=20)
+    np.testing.assert_allclose(with_len, [0.25] * 12)
+
+
 def test_apo_taxes_a_slow_mode_on_easy_queries():
     tag = "<classification>{}</classification> ok"
     texts = [tag.format("instant"), tag.format("instant"), tag.format("reasoning"), tag.format("agentic"),
