@@ -262,9 +262,8 @@ def critique_grpo(x: HintInputs, *, critique: str = "simple_gt", column: str = "
             verdict = "correct" if vals[row] > 0 else "incorrect"
             text = f"The generated solution is {verdict}"
             text += "." if answers is None else f", the ground truth is {answers[g]}."
-            user = template.format(question=q, solution=x.completions[row], critique=text)
-            levels.append([*([{"role": "system", "content": system}] if system else []),
-                           {"role": "user", "content": user}] if chat else user)
+            levels.append(_rebuilt(template.format(question=q, solution=x.completions[row], critique=text), chat,
+                                   system))
         if levels:
             out[g] = levels
     return out
@@ -285,6 +284,13 @@ HINTS.register(Part(
 #: Scaf-GRPO's system message of the rebuilt prompt (the authors' ``build_new_message``)
 SCAF_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 _SCAF_TIERS = (("knowledge", "Knowledge Hints"), ("solution", "Solution Hints"))
+
+
+def _rebuilt(text: str, chat: bool, system: str | None) -> Any:
+    """A rebuilt prompt: ``text`` as the user message after ``system`` (chat data), else the text."""
+    if not chat:
+        return text
+    return [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": text}]
 
 
 def _question(raw: Any) -> str:
@@ -329,9 +335,7 @@ def scaf_grpo(x: HintInputs, *, knowledge: str = "knowledge_parts", solution: st
                 raise ValueError(f"recipe.hints=scaf_grpo: data column {col!r} must hold a list of strings per "
                                  f"problem; group {g} has {parts!r:.80}")
             for k in range(1, min(len(parts), 4) + 1):
-                text = f"Question: {q}\n{label}: {' '.join(parts[:k])}"
-                levels.append([*([{"role": "system", "content": system}] if system else []),
-                               {"role": "user", "content": text}] if chat else text)
+                levels.append(_rebuilt(f"Question: {q}\n{label}: {' '.join(parts[:k])}", chat, system))
         if levels:
             out[g] = levels
     return out
