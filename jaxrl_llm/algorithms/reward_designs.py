@@ -524,7 +524,8 @@ for _part in (
                                "Multi-Stage Policy Optimization (CAMPO), arXiv:2507.14683",
          core=("campo_repetition_penalty",), methods=(141,),
          verified="hand values (the paper's penalty; the authors' code's loop detection and constant, "
-                  "MiroMindAsia/MiroMind-M1 @3ace1ab)", tests=_T, flags=(("needs_ids", True),),
+                  "MiroMindAsia/MiroMind-M1 @3ace1ab)", tests=_T + ", tests/conformance/test_campo_loop.py",
+         flags=(("needs_ids", True),),
          note="responses cut at rollout.max_new_tokens that end in a repeating block lose coef x the block's share "
               "of the response (the paper's f(o); constant=0.1: the released code's flat penalty); not reproduced: "
               "the length-progressive stages (16K -> 32K -> 48K: runs with a growing rollout.max_new_tokens, resumed "
