@@ -245,7 +245,10 @@ def critique_grpo(x: HintInputs, *, critique: str = "simple_gt", column: str = "
     loop samples one refinement per prompt and puts the first that succeeds, else the first, in
     the group's first row, trained after the original question (``recipe.loss=critique_grpo``
     shapes its tokens). The code's third critique, a GPT-4o chain-of-thought critique, needs an
-    API judge and is not reproduced."""
+    API judge and is not reproduced. Cost: each refinement is sampled in the round's sampler shape
+    (prompts x ``num_samples``, one row kept per prompt), so a step samples ``num_samples`` times
+    the authors' one refinement per response; a refinement prompt longer than the largest prompt
+    bucket is not asked (counted in ``hints/too_long``)."""
     del metric  # read by the loop
     if critique not in ("simple", "simple_gt"):
         raise ValueError(f"recipe.hints=critique_grpo: critique must be 'simple' or 'simple_gt', got {critique!r}")

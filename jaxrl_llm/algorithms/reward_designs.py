@@ -272,8 +272,9 @@ def campo(x: ShapingInputs, *, coef: float = 1.0, constant: float | None = None,
     (:func:`trailing_loop_fraction` of their token ids)."""
     if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 2:
         raise ValueError(f"recipe.shaping=campo: min_repeats must be an int >= 2, got {min_repeats!r}")
-    frac = np.array([trailing_loop_fraction(t, min_repeats) for t in x.token_ids], np.float32)
-    cut = np.asarray(x.lengths) >= x.max_new_tokens
+    cut = np.asarray(x.lengths) >= x.max_new_tokens  # only responses cut at the cap are checked (the code's)
+    frac = np.array([trailing_loop_fraction(t, min_repeats) if c else 0.0 for t, c in zip(x.token_ids, cut)],
+                    np.float32)
     pen = core.campo_repetition_penalty(jnp.asarray(frac), jnp.asarray(cut), coef=coef, constant=constant)
     return -np.asarray(pen, np.float32)
 
@@ -298,6 +299,8 @@ def _payoff(block: str) -> dict | None:
 
     try:
         data = json.loads(block)
+    except RecursionError:
+        return None
     except ValueError:
         try:
             data = ast.literal_eval(block.replace("\u201c", '"').replace("\u201d", '"').replace("\u2018", "'")
@@ -330,7 +333,9 @@ def gtalign(x: ShapingInputs, *, metric: str | None = None, mode: str = "cobb_do
     ``U = eps + 0.5 A + 0.2 l(response; 20, 500) + 0.3 rho``,
     ``W = eps + 0.2 F + 0.2 P + 0.4 A + 0.2 l(whole completion; 500, 1000)``;
 
-    a completion without a ``<response>`` or a valid ``<payoff>`` block scores 0 (the code)."""
+    a completion without a ``<response>`` or a valid ``<payoff>`` block scores 0 (the code). The
+    layout check is the code's regular expression with its flags: under ``re.MULTILINE`` its ``$``
+    also accepts text after the last line break that follows ``</response>``."""
     acc = np.clip(_metric(x, metric), 0.0, 1.0)
     out = np.zeros(len(x.completions), np.float64)
     user, llm = np.zeros_like(out), np.zeros_like(out)
@@ -368,6 +373,8 @@ def apo(x: ShapingInputs, *, tau: float, alpha: float = 2.0, metric: str | None 
         pat = re.compile(mode_pattern)
     except re.error as e:
         raise ValueError(f"recipe.shaping=apo: mode_pattern {mode_pattern!r} is not a regular expression: {e}") from None
+    if pat.groups < 1:
+        raise ValueError(f"recipe.shaping=apo: mode_pattern {mode_pattern!r} needs a group capturing the mode name")
     modes = []
     for text in x.completions:
         m = pat.search(text)

@@ -224,8 +224,10 @@ def entropy_balanced_loss(logp, old_logp, advantages, mask, *, entropy, entropy_
     and a gradient-preserving upper clip.
 
     - advantage: ``A_t (1 + w sg(z_t))`` with ``z_t = (H_t - mean H) / std H`` the token entropy
-      standardised over the batch's valid tokens (``std`` with ``n - 1``, 1 where it is 0), ``w =
-      entropy_weight``: high-entropy tokens weigh more, low-entropy ones less;
+      standardised over the valid tokens of the batch the loss sees (a micro-batch, as the code's;
+      ``std`` with ``n - 1``, 1 where it is 0), ``w = entropy_weight``: high-entropy tokens weigh
+      more, low-entropy ones less, and a token more than ``1 / w`` standard deviations below the
+      mean (5 with 0.2) has its advantage's sign flipped, as in the code;
     - clip: ``L = max(-A rho, -A clip(rho))`` where above ``1 + eps_high`` the clipped ratio is
       ``(1 + eps_high) rho / sg(rho)``: its value is PPO's, but the token keeps the gradient
       ``-(1 + eps_high) A grad log pi`` instead of none; below ``1 - eps_low`` the ordinary clip;

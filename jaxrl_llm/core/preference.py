@@ -247,7 +247,8 @@ def mpo_easy_pairs(chosen_scores, rejected_scores, *, threshold: float) -> jnp.n
     Paper: Gou and Nguyen, "Mixed Preference Optimization: Reinforcement Learning with Data
     Selection and Better Reference Model" (MPO), arXiv:2403.19443. The signed gap (a pair the
     reward model ranks the other way round is hard) is our reading; ``threshold`` has no default.
-    Identity: ``threshold = -inf`` keeps every pair easy (plain DPO on all the data).
+    Identity: ``threshold = -inf`` keeps every pair easy (plain DPO on all the data; a run's
+    ``pairs.margin`` must be finite: leave ``pairs.split`` unset for that).
 
     Args:
       chosen_scores, rejected_scores: ``[B]`` reward-model scores of the two responses.

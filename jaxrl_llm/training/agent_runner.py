@@ -366,6 +366,10 @@ def run_agent(cfg: AgentRunConfig) -> dict:
     (out / "config.json").write_text(json.dumps(resolved, indent=1))
     model, tok = load_policy(cfg.model, seed=cfg.run.seed)
     gd, params, frozen_state = nnx.split(model, trainable(model.cfg), ...)
+    if cfg.model.init_params:  # the policy (and its reference) start from another run's parameters
+        from jaxrl_llm.training.loading import load_aux_params
+
+        params = load_aux_params(cfg.model.init_params, params, "model.init_params")
     frozen = (frozen_state,)
     e, ro = cfg.env, cfg.rollout
     stop = end_of_turn_id(tok, e.chat)

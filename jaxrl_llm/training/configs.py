@@ -414,7 +414,8 @@ class PairsSpec:
     the others (``""``: every pair); the held-out pairs are not split. ``rationale_field``: the
     row field with each pair's rationale, read by ``recipe.loss=rdpo`` (a third row per pair: the
     rationale after ``rationale_template``, by default
-    :data:`jaxrl_llm.data.pipeline.RATIONALE_TEMPLATE`, showing the prompt and both answers).
+    :data:`jaxrl_llm.data.pipeline.RATIONALE_TEMPLATE`, showing the prompt and both answers); the
+    held-out pairs (``eval_source``) need one too.
     """
 
     source: str = "self"

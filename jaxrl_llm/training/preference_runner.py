@@ -94,7 +94,8 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
         raise ConfigError(f"pairs.split={p.split!r} selects pairs by their reward-model scores: it needs a pairs file "
                           f"whose rows carry them (pairs.source=<file>, pairs.score_fields), not "
                           f"pairs.source={p.source!r}")
-    if p.split and (p.margin is None or not math.isfinite(p.margin)):
+    if p.split and (isinstance(p.margin, bool) or not isinstance(p.margin, (int, float))
+                    or not math.isfinite(p.margin)):
         raise ConfigError(f"pairs.split={p.split!r} needs pairs.margin, the score gap at and above which a pair is "
                           f"easy (a finite number), got {p.margin!r}")
     if len(p.score_fields) != 2 or not all(isinstance(f, str) and f for f in p.score_fields):
@@ -106,9 +107,17 @@ def check_preference(cfg: PreferenceRunConfig) -> dict:
         if cfg.train.max_tokens_per_microbatch:
             raise ConfigError(f"recipe.loss={obj.name} adds a rationale row to each pair; packing "
                               f"(train.max_tokens_per_microbatch) takes pairs of two rows: set it to 0")
-    elif p.rationale_field:
-        raise ConfigError(f"pairs.rationale_field={p.rationale_field!r} is read by a rationale loss (recipe.loss=rdpo); "
-                          f"recipe.loss={obj.name} would ignore it")
+    elif p.rationale_field or p.rationale_template:
+        raise ConfigError(f"pairs.rationale_field / pairs.rationale_template are read by a rationale loss "
+                          f"(recipe.loss=rdpo); recipe.loss={obj.name} would ignore them")
+    if p.rationale_template:
+        from jaxrl_llm.data.pipeline import rationale_prompt
+
+        try:
+            rationale_prompt(p.rationale_template, "q", "a", "b")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"pairs.rationale_template may use {{prompt}}, {{chosen}} and {{rejected}} only: "
+                              f"{type(e).__name__}: {e}") from None
     if cfg.model.init_params:
         raise ConfigError("model.init_params starts an RL run from another run's parameters; a preference run "
                           "starts from model.source (and its SFT warm-up)")

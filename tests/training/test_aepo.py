@@ -36,6 +36,10 @@ def test_temperature_injection_and_forced_advantages():
 def test_aepo_needs_recomputed_old_log_probs():
     with pytest.raises(ConfigError, match="recipe.old_logp=recompute"):
         make("grpo", g=4, loop_part={"name": "aepo"})
+    with pytest.raises(ConfigError, match="threshold must be a number >= 0"):
+        from jaxrl_llm.training.parts.aepo import AEPO
+
+        AEPO(threshold=-0.1)
     with pytest.raises(ConfigError, match="prompt_frac"):
         make("grpo", g=4, old_logp="recompute", loop_part={"name": "aepo", "prompt_frac": 2.0})
 

@@ -320,3 +320,11 @@ def test_critique_grpo_in_the_loop_puts_one_refinement_per_group_and_marks_it():
     assert m0["hints/rescued_groups"] == 0 and tr0.last_batch["hinted"].tolist() == [1, 0, 0, 0, 1, 0, 0, 0]
     with pytest.raises(RegistryError, match="recipe.loss=critique_grpo reshapes"):
         make("grpo", g=4, loss="critique_grpo", encoder=enc)
+
+
+def test_critique_grpo_needs_a_prompt_bucket_longer_than_a_response():
+    from jaxrl_llm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="largest prompt bucket .*must be longer"):
+        make("critique_grpo", g=4, prompts_per_step=2, encoder=encode_ints, buckets=(4,), data=HintData(),
+             hints={"name": "critique_grpo", "column": "solution"})

@@ -66,6 +66,7 @@ def test_in_the_loop_prompts_carry_their_instruction_and_a_resume_is_exact(tmp_p
     p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
     firsts = {tuple(b["tokens"][i, :p][b["mask"][i, :p]][:2]) for i in range(len(b["tokens"]))}
     assert firsts <= {(1, 1), (2, 2), (3, 3)}  # every prompt starts with an instruction's tokens
+    assert ms[-1]["inspo/too_long"] == 0
     resumed = make("grpo", **kw())
     resumed.checkpointer = Checkpointer(tmp_path, keep_last=1)
     assert resumed.restore()
@@ -73,3 +74,13 @@ def test_in_the_loop_prompts_carry_their_instruction_and_a_resume_is_exact(tmp_p
     for a, b_ in zip(got, ms[1:]):
         assert without_timings(a) == without_timings(b_)
     assert max_diff(resumed.state.params, tr.state.params) == 0
+
+
+def test_a_prompt_that_would_not_fit_is_asked_without_an_instruction():
+    long = " ".join(["9"] * 20)  # 20 tokens: no prompt fits the 16-token bucket with it
+    tr = make("grpo", g=4, prompts_per_step=2, encoder=encode_ints, buckets=(16,), data=HintData(),
+              loop_part={"name": "inspo", "instructions": [long]})
+    m = tr.step()
+    assert m["inspo/too_long"] == 2 and np.isfinite(m["loss"])
+    part = tr.parts.get("recipe.loop_part=inspo")
+    assert part.uses[long] == 0  # the prompts asked without it credit it nothing

@@ -60,6 +60,8 @@ def test_config_errors():
         check_preference(dataclasses.replace(base, pairs=PairsSpec(split="easy", margin=1.0)))
     with pytest.raises(ConfigError, match="needs pairs.margin"):
         check_preference(dataclasses.replace(base, pairs=PairsSpec(split="easy", **f)))
+    with pytest.raises(ConfigError, match="needs pairs.margin.*got 'big'"):
+        check_preference(dataclasses.replace(base, pairs=PairsSpec(split="easy", margin="big", **f)))
     with pytest.raises(ConfigError, match="model.init_params starts an RL run"):
         check_preference(dataclasses.replace(base, model=dataclasses.replace(base.model, init_params="x")))
 

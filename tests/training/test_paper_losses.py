@@ -209,6 +209,8 @@ def test_apo_taxes_a_slow_mode_on_easy_queries():
     np.testing.assert_allclose(fmt.scores + SHAPING["apo"].fn(fmt, tau=0.9, format_metric="fmt"), [1, 0, 0, 1])
     with pytest.raises(ValueError, match="not a regular expression"):
         SHAPING["apo"].fn(x, tau=0.5, mode_pattern="(")
+    with pytest.raises(ValueError, match="needs a group capturing the mode name"):
+        SHAPING["apo"].fn(x, tau=0.5, mode_pattern="<classification>")
 
 
 def test_gtalign_welfare_by_hand():

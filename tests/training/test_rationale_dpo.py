@@ -49,9 +49,12 @@ def test_config_errors():
     rdpo = PreferenceRecipeSpec(name="rdpo")
     with pytest.raises(ConfigError, match="needs a pairs file"):
         check_preference(dataclasses.replace(base, recipe=rdpo))
-    with pytest.raises(ConfigError, match="pairs.rationale_field='why' is read by a rationale loss"):
+    with pytest.raises(ConfigError, match="pairs.rationale_field / pairs.rationale_template are read by a rationale"):
         check_preference(dataclasses.replace(base, pairs=PairsSpec(source="p.jsonl", eval_source="e.jsonl",
                                                                    rationale_field="why")))
+    with pytest.raises(ConfigError, match=r"pairs.rationale_template may use \{prompt\}.*KeyError"):
+        check_preference(dataclasses.replace(base, recipe=rdpo, pairs=PairsSpec(
+            source="p.jsonl", eval_source="e.jsonl", rationale_field="why", rationale_template="{question}")))
 
 
 @pytest.mark.slow

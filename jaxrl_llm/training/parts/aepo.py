@@ -84,6 +84,9 @@ class AEPO(NamedLoopPart):
                 raise ConfigError(f"recipe.loop_part.{name} must be a number > 0, got {v!r}")
         if prompt_frac > 1:
             raise ConfigError(f"recipe.loop_part.prompt_frac must be in (0, 1], got {prompt_frac!r}")
+        if not (isinstance(threshold, (int, float)) and threshold >= 0):
+            raise ConfigError(f"recipe.loop_part.threshold must be a number >= 0 (a better-than-group advantage), got "
+                              f"{threshold!r}")
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
             raise ConfigError(f"recipe.loop_part.max_rows must be an int >= 0, got {max_rows!r}")
         self.target, self.t_high, self.t_low = float(target), float(t_high), float(t_low)

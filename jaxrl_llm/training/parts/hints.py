@@ -30,6 +30,17 @@ class Hints(LoopPart):
                                        "rendered text), the data pipeline's rendering)"),)
     conflicts = (Clash("episodes", "hints re-sample single-turn prompts; the agent loop does not run them"),)
 
+    def attach(self, ctx) -> None:
+        if self.bound.part.flag("keep_failed"):  # a refinement prompt holds a whole response
+            need = ctx.sampler.config.max_new_tokens
+            if max(ctx.sampler.length_buckets) <= need:
+                from jaxrl_llm.config import ConfigError
+
+                raise ConfigError(f"recipe.hints={self.name} asks again with prompts that hold a whole response (up to "
+                                  f"rollout.max_new_tokens={need} tokens): the largest prompt bucket "
+                                  f"(rollout.prompt_buckets, {max(ctx.sampler.length_buckets)}) must be longer; "
+                                  f"refinement prompts that do not fit are not asked (hints/too_long)")
+
     def __init__(self, bound):
         self.bound, self.name = bound, bound.name
         self.metric = dict(bound.kwargs).get("metric")

@@ -18,8 +18,11 @@ This part:
 - every ``prune_every`` steps (0: never) the instruction with the lowest weight among those used at
   least ``min_uses`` times is removed, while more than ``min_population`` remain.
 
-Not reproduced: the reflection on a replay buffer of failures by an LLM optimiser that proposes
-new instructions, and their on-policy verification. The population, weights and counts are
+A prompt that no longer fits the sampler's largest prompt bucket with its instruction is asked
+without one (``inspo/too_long``); the batch's raw prompts carry the instruction (hints re-ask with
+it). The held-out evaluation asks the plain prompts. Not reproduced: the reflection on a replay
+buffer of failures by an LLM optimiser that proposes new instructions, and their on-policy
+verification. The population, weights and counts are
 checkpointed (a resume is exact). Metrics: ``inspo/population``, ``inspo/best_weight``,
 ``inspo/entropy`` (of the sampling distribution), ``inspo/pruned``.
 """
@@ -99,18 +102,26 @@ class INSPO(NamedLoopPart):
         rng = np.random.default_rng([ctx.seed, ctx.iteration, ctx.round_index, 0x1475])
         p = self.probs()
         picks = rng.choice(len(self.population), size=len(batch), p=p)
-        ids, texts = [], []
-        for raw, j in zip(batch.raw_prompts, picks):
-            enc = ctx.prompt_encoder(with_instruction(raw, self.population[j]))
+        ids, texts, raws = [], [], []
+        longest, too_long = max(ctx.sampler.length_buckets), 0
+        for i, (raw, j) in enumerate(zip(batch.raw_prompts, picks)):
+            asked = with_instruction(raw, self.population[j])
+            enc = ctx.prompt_encoder(asked)
+            if len(enc[0]) > longest:  # does not fit the sampler's buckets: asked without an instruction
+                too_long += 1
+                ids.append(list(batch.prompt_ids[i]))
+                texts.append(batch.prompts[i])
+                raws.append(raw)
+                continue
             ids.append(list(enc[0]))
             texts.append(enc[1])
-        for k, j in zip(keys, picks):
-            self._chosen[k] = self.population[j]
+            raws.append(asked)
+            self._chosen[keys[i]] = self.population[j]
         self._metrics = {"inspo/population": float(len(self.population)),
                          "inspo/entropy": float(-(p * np.log(np.maximum(p, 1e-30))).sum()),
                          "inspo/best_weight": float(max(self.weight(i) for i in self.population)),
-                         "inspo/pruned": 0.0}
-        return PromptBatch(ids, texts, list(batch.raw_prompts), batch.columns, list(batch.where))
+                         "inspo/pruned": 0.0, "inspo/too_long": float(too_long)}
+        return PromptBatch(ids, texts, raws, batch.columns, list(batch.where))
 
     def observe(self, ctx, step):
         arrays, _, valid = step.rows_as_sampled()
