@@ -179,6 +179,10 @@ def check_agent(cfg: AgentRunConfig, *, n_devices: int | None = None) -> dict:
         raise ConfigError(str(e)) from None
     from jaxrl_llm.training.parts.registry import LoopSettings, build_parts
 
+    for key in ("aux_params", "reverse_params"):
+        if getattr(cfg.model, key):
+            raise ConfigError(f"model.{key} is read by single-turn RL runs (jaxrl-llm train with a prompt task); agent "
+                              f"runs do not load an auxiliary policy")
     build_parts(LoopSettings(rec, episodes=True, horizon=_horizon(cfg), processes=jax.process_count(), models=False))
     if "greedy_scores" in rec.requires:
         raise ConfigError(f"recipe.advantage={rec.estimator.name}: a greedy-baseline estimator is not available in "

@@ -50,6 +50,7 @@ CASES = [
     (["env.context_len=64"], "env.context_len=64 has no room for a prompt of the smallest bucket"),
     (["recipe.advantage=gigpo", "rollout.num_samples=1"], "rollout.num_samples must be >= 2"),
     (["env.args.size=2"], "GridWorld: size must be an int from 3 to 9, got 2"),
+    (["model.aux_params=somewhere"], "model.aux_params is read by single-turn RL runs"),
 ]
 
 
