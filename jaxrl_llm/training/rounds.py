@@ -16,7 +16,7 @@ from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout
 
-__all__ = ["Round", "merge_reward_metrics", "take_rollout_rows", "put_result", "subset", "concat", "drop_unsampled",
+__all__ = ["Round", "merge_reward_metrics", "completion_ids", "decode_completions", "take_rollout_rows", "put_result", "subset", "concat", "drop_unsampled",
            "last_scores"]
 
 
@@ -106,6 +106,17 @@ def put_rows(base, rows: np.ndarray, new) -> np.ndarray:
     out = np.array(base, copy=True)
     out[rows] = np.asarray(new).astype(out.dtype)
     return out
+
+
+def completion_ids(roll) -> tuple[np.ndarray, ...]:
+    """Each row's sampled token ids (its tokens under the completion mask)."""
+    toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
+    return tuple(toks[i][cm[i]] for i in range(len(toks)))
+
+
+def decode_completions(roll, tokenizer, *, skip_special_tokens: bool = True) -> tuple[str, ...]:
+    """Each row's completion as text."""
+    return tuple(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in completion_ids(roll))
 
 
 def take_rollout_rows(roll, rows=None):

@@ -13,7 +13,7 @@ from jaxrl_llm.algorithms.sampling import metric_values
 from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.training.parts.base import Clash, LoopPart, Need, loop_part
-from jaxrl_llm.training.rounds import put_result, take_rollout_rows
+from jaxrl_llm.training.rounds import decode_completions, put_result, take_rollout_rows
 
 __all__ = ["Hints"]
 
@@ -110,10 +110,7 @@ class Hints(LoopPart):
         there when none succeeds. A plain-context part's replaced rows are marked ``hinted``."""
         batch, roll, out = rnd.batch, rnd.roll, rnd.out
         pidx = np.asarray(roll.prompt_index)
-        texts: tuple[str, ...] = ()
-        if self.bound.part.flag("needs_text"):
-            toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
-            texts = tuple(ctx.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=True) for i in range(len(toks)))
+        texts = decode_completions(roll, ctx.tokenizer) if self.bound.part.flag("needs_text") else ()
         x = HintInputs(metric_values(out.total, out.per_fn, self.metric, "recipe.hints"), pidx, batch.columns,
                        tuple(batch.raw_prompts), frozenset(), 0, ctx.iteration, texts)
         items, too_long = [], 0

@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxrl_llm.algorithms.sampling import ShapingInputs
 from jaxrl_llm.training.parts.base import Clash, LoopPart, loop_part
+from jaxrl_llm.training.rounds import completion_ids, decode_completions
 
 __all__ = ["Shaping", "ShapeJob"]
 
@@ -75,9 +76,7 @@ class Shaping(LoopPart):
                 return ()
             skip = flag != "raw"
             if skip not in decoded:
-                toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
-                decoded[skip] = tuple(ctx.tokenizer.decode(toks[i][cm[i]], skip_special_tokens=skip)
-                                      for i in range(len(toks)))
+                decoded[skip] = decode_completions(roll, ctx.tokenizer, skip_special_tokens=skip)
             return decoded[skip]
         scores = job.scores
         for sh in self.bounds:
@@ -85,10 +84,7 @@ class Shaping(LoopPart):
             state = None
             if stateful:
                 state = ctx.store.slot(_slot(sh.name)) if job.update else self.at_step[sh.name]
-            ids = ()
-            if sh.part.flag("needs_ids"):
-                toks, cm = np.asarray(roll.tokens), np.asarray(roll.mask).astype(bool)
-                ids = tuple(toks[i][cm[i]] for i in range(len(toks)))
+            ids = completion_ids(roll) if sh.part.flag("needs_ids") else ()
             x = ShapingInputs(scores, np.asarray(roll.lengths), np.asarray(roll.prompt_index), len(job.prompts),
                               ctx.sampler.config.max_new_tokens, out.per_fn, texts(sh.part.flag("needs_text")),
                               tuple(job.prompts), ctx.iteration, state, tuple(job.keys), ids)
