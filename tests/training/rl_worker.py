@@ -2,7 +2,10 @@
 
 Tiny random Llama-style model with the SmolLM2 tokenizer, GRPO on one-digit addition, 4
 prompts x 4 samples, 8 new tokens; checkpoints every 2 iterations. With KILL_AT, the process
-SIGKILLs itself right after logging that iteration (whatever save is in flight dies with it).
+SIGKILLs itself right after logging that iteration, once the saves already started are
+committed (so a kill at iteration 3 deterministically leaves step 2, whatever the machine's load:
+an asynchronous save of step 2 still in flight at iteration 3 would otherwise die with the process
+and the resume would start from 0; a kill during a save is the damaged-checkpoint tests' case).
 Prints a JSON line with the final params' digest.
 """
 
@@ -44,13 +47,15 @@ def main(out: str, steps: int, kill_at: int | None):
                           PromptDataConfig(batch_size=4, chat=False, seed=3), process_index=0, process_count=1)
     sampler = Sampler(gd, SamplingConfig(max_new_tokens=8, num_samples=4, pad_token_id=tok.pad_token_id,
                                          stop_token_ids=(tok.eos_token_id,)), length_buckets=(32,))
+    ckpt = Checkpointer(out, keep_last=2)
     log = None
     if kill_at is not None:
         def log(m):
             if m["iteration"] == kill_at:
+                ckpt.wait()
                 os.kill(os.getpid(), signal.SIGKILL)
     trainer = RLTrainer(gd, state, make_train_step(gd, opt, rec.objective), sampler, data, Rewards([task.reward, text_reward]),
-                        rec, tok, seed=5, checkpointer=Checkpointer(out, keep_last=2), checkpoint_every=2, log_fn=log)
+                        rec, tok, seed=5, checkpointer=ckpt, checkpoint_every=2, log_fn=log)
     trainer.restore()
     resumed = trainer.iteration
     trainer.run(steps)
