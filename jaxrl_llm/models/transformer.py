@@ -627,8 +627,14 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, mask=None, positions=None, segment_ids=None, cache: KVCache | None = None,
                  layers: Sequence[Any] | None = None, prefix: SharedPrefix | None = None,
-                 _collect_prefix: bool = False, routes: jax.Array | None = None, return_routing: bool = False):
+                 _collect_prefix: bool = False, routes: jax.Array | None = None, return_routing: bool = False,
+                 exit_layer: jax.Array | int | None = None):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache.
+
+        ``exit_layer``: the residual stream after the first ``exit_layer`` decoder layers instead,
+        without the final norm (an internal layer's policy, BuPO; a scalar, may be traced: the
+        later layers run as the identity and get no gradient). Only without a cache, a shared
+        prefix, packed segments or ``layers=``.
 
         Mixture of experts: ``routes [B, T, L, k]`` replays these experts instead of the
         routers' choices (routing replay: the experts the sampler used); ``return_routing=True``
@@ -722,6 +728,10 @@ class Transformer(nnx.Module):
                 new_ring_slots = cache.ring_slots.at[ring_pos].set(ring_abs)
                 new_ring_valid = cache.ring_valid.at[:, ring_pos].set(mask[:, t - ring_m:])
 
+        if exit_layer is not None and (cache is not None or prefix is not None or layers is not None
+                                       or segment_ids is not None or _collect_prefix):
+            raise ValueError("exit_layer= (an internal layer's output) runs the stacked layers without a cache, "
+                             "a shared prefix, packed segments or layers=")
         if layers is not None and cache is not None and not isinstance(cache.k, (tuple, list)):
             raise ValueError("layers= (unrolled) needs a per-layer cache: init_cache(..., per_layer=True)")
         if layers is None and cache is not None and isinstance(cache.k, (tuple, list)):
@@ -795,7 +805,10 @@ class Transformer(nnx.Module):
 
             def body(h, xs):
                 st, win, extra, *layer_kv = xs
-                return run_block(nnx.merge(gd, st), h, win, extra, *layer_kv)
+                out, rest = run_block(nnx.merge(gd, st), h, win, extra, *layer_kv)
+                if exit_layer is not None:  # layers from exit_layer on: the identity
+                    out = jnp.where(extra["index"] < exit_layer, out, h)
+                return out, rest
 
             if cfg.remat != "none":
                 policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -807,6 +820,8 @@ class Transformer(nnx.Module):
             # The cache enters the scan as per-layer inputs, is only read inside a layer, and
             # the new [L, B, K, T, Dh] keys/values come out; one update below writes them.
             extra = {} if replay_xs is None else {"replay": replay_xs}
+            if exit_layer is not None:
+                extra["index"] = jnp.arange(cfg.num_layers, dtype=jnp.int32)
             h, (new_kv, router) = jax.lax.scan(body, x, (layer_state, jnp.asarray(windows), extra) + cache_xs,
                                                unroll=bool(_UNROLL.stack and _UNROLL.stack[-1]))
         else:
@@ -825,7 +840,8 @@ class Transformer(nnx.Module):
                     new_v.append(kv[1])
             new_kv = (new_k, new_v) if cache is not None else None
             router = jax.tree.map(lambda *xs: jnp.stack(xs), *per_stats) if cfg.is_moe else None
-        h = self.final_norm(h)
+        if exit_layer is None:
+            h = self.final_norm(h)
         new_cache = None
         if _collect_prefix:
             if layers is not None or cache is not None:

@@ -69,6 +69,10 @@ def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_pe
                     want_router):
     """``(logp, entropy, router stats or None)``; the stats when ``want_router`` (a mixture of
     experts)."""
+    internal = "policy_layer" in batch  # BuPO: the policy read after the first k layers (recipe.loop_part=bupo)
+    if internal and ("packed_tokens" in batch or rows_per_prompt):
+        raise ValueError("an internal layer's policy (policy_layer) cannot be combined with a packed micro-batch "
+                         "(train.max_tokens_per_microbatch) or shared prompts (train.shared_prefix)")
     if "packed_tokens" in batch:  # a packed micro-batch: rows as segments of fixed-budget rows
         if rows_per_prompt or routing_replay or want_router:
             raise ValueError("a packed micro-batch (train.max_tokens_per_microbatch) cannot be combined with shared "
@@ -82,7 +86,7 @@ def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_pe
         return shared_prefix_logprobs(model, batch["tokens"], batch["mask"], batch["prefix_mask"].shape[1],
                                       rows_per_prompt, chunk_size=chunk_size, temperature=temperature,
                                       with_entropy=with_entropy) + (None,)
-    kw = {}
+    kw = {"exit_layer": batch["policy_layer"][0]} if internal else {}
     if routing_replay:
         if "routes" not in batch:
             raise ValueError("routing replay: the batch has no 'routes' (the sampler's experts)")

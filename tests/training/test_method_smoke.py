@@ -28,6 +28,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
             ("recipe.hints", "critique_grpo"): {"column": "solution"},
             ("recipe.loop_part", "inspo"): {"instructions": ["1 1", "2 2"], "prune_every": 1, "min_uses": 1},
+            ("recipe.loop_part", "bupo"): {"layer": 1, "steps": 1},
             ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
             ("recipe.truncation", "siri"): {"low": 2, "high": 6, "compress_steps": 1, "expand_steps": 1},
             ("env.horizon", "scaling_inter"): {"stages": [1, 2], "every": 1}}

@@ -32,3 +32,4 @@ from jaxrl_llm.training.parts import nash_md  # noqa: F401,E402
 from jaxrl_llm.training.parts import brpo  # noqa: F401,E402
 from jaxrl_llm.training.parts import inspo  # noqa: F401,E402
 from jaxrl_llm.training.parts import verl_er  # noqa: F401,E402
+from jaxrl_llm.training.parts import bupo  # noqa: F401,E402
