@@ -632,8 +632,10 @@ class Transformer(nnx.Module):
         """Final-norm hidden states ``[B, T, D]`` and the updated cache.
 
         ``exit_layer``: the residual stream after the first ``exit_layer`` decoder layers instead,
-        without the final norm (an internal layer's policy, BuPO; a scalar, may be traced: the
-        later layers run as the identity and get no gradient). Only without a cache, a shared
+        without the final norm, as Hugging Face's ``hidden_states[exit_layer]`` (an internal
+        layer's policy, BuPO; a scalar, may be traced: the later layers run as the identity and
+        get no gradient; ``exit_layer >= num_layers``: the ordinary normed output, like HF's last
+        entry). Only without a cache, a shared
         prefix, packed segments or ``layers=``.
 
         Mixture of experts: ``routes [B, T, L, k]`` replays these experts instead of the
@@ -842,6 +844,8 @@ class Transformer(nnx.Module):
             router = jax.tree.map(lambda *xs: jnp.stack(xs), *per_stats) if cfg.is_moe else None
         if exit_layer is None:
             h = self.final_norm(h)
+        else:  # every layer: the ordinary (normed) output, as the last of HF's hidden_states
+            h = jnp.where(exit_layer >= cfg.num_layers, self.final_norm(h), h)
         new_cache = None
         if _collect_prefix:
             if layers is not None or cache is not None:
