@@ -59,7 +59,7 @@ def _needs(name: str, registry) -> dict:
     params = inspect.signature(fn).parameters
     return {k: _INT_ARGS.get(k, 0.5) for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
             and k != "key" and k not in registry[name].requires
-            and not (k == "entropy" and registry[name].flag("entropy"))}  # the objective passes the entropy
+            and not (k in ("entropy", "mean_logp") and registry[name].flag(k))}  # the objective passes these
 
 
 @pytest.mark.parametrize("name", ESTIMATORS.names())

@@ -96,6 +96,8 @@ BASE_INPUTS = frozenset({"scores", "mask", "valid", "group_ids"})
 PROVIDED_INPUTS: dict[str, str] = {"token_rewards": "token", "values": "token", "greedy_scores": "sequence",
                                    "old_logp": "token", "ref_logp": "token", "sum_pi_squared": "token",
                                    "old_entropy": "token", "aux_logp": "token",
+                                   # ROVER: the sampling policy's vocabulary-mean log-prob at each position
+                                   "old_mean_logp": "token",
                                    # PAPO: the sampled tokens' log-probs given a masked prompt (no gradient)
                                    "masked_logp": "token",
                                    # Monte-Carlo values at cut points inside the responses (SPO, PAV):

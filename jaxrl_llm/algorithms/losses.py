@@ -43,6 +43,9 @@ LOSS_INPUT_SHAPES = {"scores": lambda n, t: ((n,), "float32"), "group_ids": lamb
                      "old_entropy": lambda n, t: ((n, t), "float32"),
                      # PAPO: log-probs of the sampled tokens under the policy given a masked prompt
                      "masked_logp": lambda n, t: ((n, t), "float32"),
+                     # ROVER: the sampling policy's vocabulary-mean log-prob at each position (the current
+                     # policy's comes with the surrogate flag mean_logp, as mean_logp=)
+                     "old_mean_logp": lambda n, t: ((n, t), "float32"),
                      # 1 on the rows sampled with a hint and trained after the plain prompt (Guide)
                      "hinted": lambda n, t: ((n,), "float32"),
                      # each reward function's score (the config-time trial assumes up to 8 functions)
@@ -126,6 +129,17 @@ for _part in (
          note="PPO clip - gamma k3-KL(policy || policy given a masked prompt) + double entropy (eta_ori, eta_aug); the "
               "image's masked patches become prompt tokens replaced by the pad token with probability mask_prob "
               "(0.6), fresh each step; gamma 0.01, eta off (the authors' defaults)"),
+    Part("rover", core.rover_loss, paper="Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards "
+                                         "(ROVER; He et al.), arXiv:2505.17618",
+         core=("rover_loss",), requires=frozenset({"old_mean_logp"}), methods=(204,),
+         verified="hand values, paper identity (next_scale 0: squared error of the log-ratio against the advantage); "
+                  "a transcription of the authors' code (yuxiaooye/ROVER @ea5ce63)",
+         tests="tests/core/test_policy_losses.py, tests/training/test_rover.py, tests/conformance/test_rover.py",
+         flags=(("mean_logp", True),),
+         note="(rho log-ratio - sg(A + rho (mean_v log pi - mean_v log pi_old) at the next position))^2: the log-ratio as "
+              "the uniform random policy's Q-value, regressed on a one-step Bellman target; rho 1, GRPO advantage; "
+              "the optional clip off (the authors' scripts); not reproduced: the Countdown runs' batch-level reward "
+              "centring (the Math runs use GRPO's)"),
     Part("epo", epo_surrogate, paper="EPO: Entropy-regularized Policy Optimization for LLM Agents "
                                                 "Reinforcement Learning (Xu et al.), arXiv:2509.22576",
          core=("epo_loss", "epo_phase_weight"),

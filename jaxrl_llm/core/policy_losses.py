@@ -43,6 +43,7 @@ __all__ = [
     "gspo_loss",
     "cispo_loss",
     "papo_loss",
+    "rover_loss",
     "epo_loss",
     "nash_md_loss",
     "aligndistil_teacher",
@@ -357,6 +358,63 @@ def papo_loss(logp, old_logp, advantages, mask, *, masked_logp, gamma: float = 0
     kl = jnp.clip(jnp.exp(delta) - delta - 1.0, -10.0, 10.0)
     per = per - gamma * kl + eta_ori * (-lp) + eta_aug * (-mlp)
     met.update({"papo_kl": sg(masked_mean(kl, m)), "papo_masked_entropy": sg(masked_mean(-mlp, m))})
+    return _finish(per, m, is_weights), met
+
+
+def rover_loss(logp, old_logp, advantages, mask, *, mean_logp, old_mean_logp, rho: float = 1.0,
+               next_scale: float = 1.0, clip_ratio: float | None = None, is_weights=None):
+    """ROVER: regress the policy's log-ratio, read as the Q-value of a *uniform random* policy,
+    onto the advantage plus the next state's uniform-policy value (a one-step Bellman target).
+
+    Per response token ``t`` (positions in the target-aligned layout, ``m`` the mask):
+
+    ``Q_t = rho (log pi(a_t | s_t) - log pi_old(a_t | s_t))``,
+
+    ``V_{t+1} = rho (mean_v log pi(v | s_{t+1}) - mean_v log pi_old(v | s_{t+1})) m_{t+1}`` (0 after
+    the last token; ``mean_logp`` / ``old_mean_logp``: the vocabulary-mean log-probs of each position
+    under the current and the sampling policy, no gradient),
+
+    ``y_t = sg(A_t + next_scale V_{t+1})``, ``L_t = (Q_t - y_t)^2``.
+
+    ``clip_ratio`` (the code's ``use_rover_clip``, off in its scripts): ``Q_t`` above ``log(1 + eps)``
+    while the target is higher, or below ``log(1 - eps)`` while it is lower, is replaced by that
+    bound (no gradient). With ``rho = 1`` the softmax of ``Q`` over the actions is the policy itself
+    (up to the old policy's normalisation): the paper's "softmax over uniform-policy Q-values".
+
+    Paper: He et al., "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards"
+    (ROVER), arXiv:2505.17618; code ``yuxiaooye/ROVER`` @ea5ce63 (``Math/verl/workers/actor/
+    dp_actor.py`` ``DataParallelROVERActor.update_policy``, ``compute_rover_loss``,
+    ``verl/utils/torch_functional.py`` ``sum_log_softmax``): ``rover_t`` = rho = 1,
+    ``next_q_scale_factor`` 1, the GRPO advantage (std-normalised), token-mean.
+    Identity: ``next_scale = 0`` and no clip is the squared error of ``rho`` times the log-ratio
+    against the advantage.
+
+    Returns:
+      ``(per_token [B, T], metrics)`` with ``clip_frac`` (bound-replaced tokens), the ratio
+      metrics, ``rover_next_value`` and ``rover_target`` (masked means).
+    """
+    if not float(rho) > 0:
+        raise ValueError(f"argument 'rho' must be > 0, got {rho!r}")
+    if clip_ratio is not None and not 0.0 < float(clip_ratio) < 1.0:
+        raise ValueError(f"argument 'clip_ratio' must be in (0, 1) or None, got {clip_ratio!r}")
+    lp, olp, adv, m = _prep(logp, old_logp, advantages, mask, is_weights)
+    _checks.check_token_args(logp=logp, mean_logp=mean_logp, old_mean_logp=old_mean_logp)
+    cur = sg(_checks.zero_outside(_checks.as_float(mean_logp), m))
+    old = sg(_checks.zero_outside(_checks.as_float(old_mean_logp), m))
+    nxt = rho * (cur - old)
+    nxt = jnp.concatenate([nxt[..., 1:] * m[..., 1:], jnp.zeros_like(nxt[..., :1])], axis=-1)
+    target = sg(adv + next_scale * nxt)
+    q = rho * (lp - olp)
+    clipped = jnp.zeros_like(q, dtype=bool)
+    if clip_ratio is not None:
+        hi, lo = math.log1p(clip_ratio), math.log1p(-clip_ratio)
+        up, down = (target > q) & (q > hi), (target < q) & (q < lo)
+        clipped = up | down
+        q = jnp.where(up, hi, jnp.where(down, lo, q))
+    per = jnp.square(q - target)
+    met = {"clip_frac": masked_mean(clipped.astype(per.dtype), m), "clip_frac_lower": jnp.zeros((), per.dtype),
+           **ratio_metrics(lp - olp, m), "rover_next_value": sg(masked_mean(nxt, m)),
+           "rover_target": sg(masked_mean(target, m))}
     return _finish(per, m, is_weights), met
 
 

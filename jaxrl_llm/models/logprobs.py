@@ -26,7 +26,7 @@ from jaxrl_llm.core import _checks
 from jaxrl_llm.models.attn import context_axes
 from jaxrl_llm.parallel.sharding import constrain
 
-__all__ = ["token_logprobs", "sequence_logprobs", "shared_prefix_logprobs"]
+__all__ = ["token_logprobs", "token_mean_logprobs", "sequence_logprobs", "shared_prefix_logprobs"]
 
 
 def token_logprobs(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
@@ -165,6 +165,37 @@ def _chunk_bwd(with_entropy, dt, softcap, res, g):
 
 
 _chunk.defvjp(_chunk_fwd, _chunk_bwd)
+
+
+def token_mean_logprobs(hidden: jax.Array, unembedding: jax.Array, *, chunk_size: int = 128,
+                        temperature: float = 1.0, compute_dtype: Any = None, softcap: float | None = None
+                        ) -> jax.Array:
+    """``[B, T]`` mean over the vocabulary of ``log softmax(h W / temperature)`` at each position:
+    ``mean_v z_v - logsumexp(z)`` (the value of the position under a uniform policy whose action
+    values are the log-probs: ROVER's ``sum_log_softmax / V``), without gradient, in chunks of
+    ``chunk_size`` positions (never ``[B, T, V]`` at once). Same arguments as :func:`token_logprobs`."""
+    _checks.check_rank("hidden", hidden, 3)
+    _checks.check_rank("unembedding", unembedding, 2)
+    _checks.check_static_int("chunk_size", chunk_size)
+    _checks.check_positive("temperature", temperature)
+    b, t, d = hidden.shape
+    if unembedding.shape[0] != d:
+        raise ValueError(f"argument 'unembedding' must be [D={d}, V], got {unembedding.shape}")
+    dt = jnp.dtype(compute_dtype or hidden.dtype)
+    hidden, unembedding = jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(unembedding)
+    c = min(chunk_size, t)
+    n = -(-t // c)
+    h = jnp.pad(hidden, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
+
+    def body(_, hc):
+        z = jnp.einsum("bcd,dv->bcv", hc.astype(dt), unembedding.astype(dt), preferred_element_type=jnp.float32)
+        if softcap is not None:
+            z = softcap * jnp.tanh(z / softcap)
+        z = z / temperature
+        return None, jnp.mean(z, axis=-1) - jax.nn.logsumexp(z, axis=-1)
+
+    _, out = jax.lax.scan(body, None, h)
+    return out.swapaxes(0, 1).reshape(b, n * c)[:, :t]
 
 
 def sequence_logprobs(model, tokens: jax.Array, mask: jax.Array, *, chunk_size: int = 128,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxrl_llm.core import aggregation, kl as kl_mod, stats
 from jaxrl_llm.core.turns import spa_progress_loss
 from jaxrl_llm.core.value import clipped_value_loss
-from jaxrl_llm.models.logprobs import shared_prefix_logprobs, token_logprobs
+from jaxrl_llm.models.logprobs import shared_prefix_logprobs, token_logprobs, token_mean_logprobs
 from jaxrl_llm.models.transformer import load_balancing_loss, router_mismatch
 
 __all__ = ["PolicyObjective", "ValueObjective", "ProgressObjective", "SFTObjective", "policy_logprobs", "packed_logprobs",
@@ -40,6 +40,13 @@ def policy_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperatu
     """
     return _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_per_prompt, routing_replay,
                            False)[:2]
+
+
+def policy_mean_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
+                         routing_replay: bool = False) -> jax.Array:
+    """``[B, L - 1]`` mean over the vocabulary of the policy's log-probs at each position (no
+    gradient; :func:`jaxrl_llm.models.token_mean_logprobs`): ROVER's uniform-policy value."""
+    return _policy_forward(model, batch, chunk_size, temperature, False, 0, routing_replay, False, True)[3]
 
 
 def packed_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperature: float = 1.0,
@@ -66,9 +73,13 @@ def packed_logprobs(model: Any, batch: dict, *, chunk_size: int = 128, temperatu
 
 
 def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_per_prompt, routing_replay,
-                    want_router):
-    """``(logp, entropy, router stats or None)``; the stats when ``want_router`` (a mixture of
-    experts)."""
+                    want_router, want_mean=False):
+    """``(logp, entropy, router stats or None, mean log-prob or None)``; the stats when
+    ``want_router`` (a mixture of experts), the mean over the vocabulary of each position's
+    log-probs (no gradient) when ``want_mean`` (plain rows only)."""
+    if want_mean and ("packed_tokens" in batch or rows_per_prompt):
+        raise ValueError("the vocabulary-mean log-probs (ROVER) cannot be combined with a packed micro-batch "
+                         "(train.max_tokens_per_microbatch) or shared prompts (train.shared_prefix)")
     internal = "policy_layer" in batch  # BuPO: the policy read after the first k layers (recipe.loop_part=bupo)
     if internal and ("packed_tokens" in batch or rows_per_prompt):
         raise ValueError("an internal layer's policy (policy_layer) cannot be combined with a packed micro-batch "
@@ -78,14 +89,14 @@ def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_pe
             raise ValueError("a packed micro-batch (train.max_tokens_per_microbatch) cannot be combined with shared "
                              "prompts (train.shared_prefix), routing replay or a mixture of experts' router loss")
         return packed_logprobs(model, batch, chunk_size=chunk_size, temperature=temperature,
-                               with_entropy=with_entropy) + (None,)
+                               with_entropy=with_entropy) + (None, None)
     if routing_replay and rows_per_prompt:
         raise ValueError("routing replay (train.routing_replay) cannot be combined with shared prompts "
                          "(train.shared_prefix)")
     if rows_per_prompt:
         return shared_prefix_logprobs(model, batch["tokens"], batch["mask"], batch["prefix_mask"].shape[1],
                                       rows_per_prompt, chunk_size=chunk_size, temperature=temperature,
-                                      with_entropy=with_entropy) + (None,)
+                                      with_entropy=with_entropy) + (None, None)
     kw = {"exit_layer": batch["policy_layer"][0]} if internal else {}
     if routing_replay:
         if "routes" not in batch:
@@ -96,8 +107,13 @@ def _policy_forward(model, batch, chunk_size, temperature, with_entropy, rows_pe
         hidden, _, router = model(batch["tokens"], batch["mask"], return_routing=True, **kw)
     else:
         hidden, _ = model(batch["tokens"], batch["mask"], **kw)
+    mean = None
+    if want_mean:
+        mean = token_mean_logprobs(hidden[:, :-1], model.unembedding(), chunk_size=chunk_size, temperature=temperature,
+                                   softcap=model.final_softcap)
     return token_logprobs(hidden[:, :-1], model.unembedding(), batch["tokens"][:, 1:], chunk_size=chunk_size,
-                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap) + (router,)
+                          temperature=temperature, with_entropy=with_entropy, softcap=model.final_softcap) + (
+        router, mean)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +193,14 @@ class PolicyObjective:
     #: pass the current policy's token entropy (with its gradient) to the surrogate as ``entropy=``
     #: (a surrogate flagged ``entropy``: EPO's entropy regulariser)
     entropy_input: bool = False
+    #: pass the current policy's vocabulary-mean log-prob at each position (no gradient) to the
+    #: surrogate as ``mean_logp=`` (a surrogate flagged ``mean_logp``: ROVER's next-state value)
+    mean_logp_input: bool = False
 
     def __post_init__(self):
+        if self.mean_logp_input and (self.coupled or self.rows_per_prompt):
+            raise ValueError("PolicyObjective.mean_logp_input is for per-token surrogates on plain rows (not coupled, "
+                             "not shared prompts)")
         if self.entropy_input and self.coupled:
             raise ValueError("PolicyObjective.entropy_input is for per-token surrogates (a coupled surrogate sees log-probs "
                              "only)")
@@ -256,9 +278,9 @@ class PolicyObjective:
     def loss_sum(self, model: Any, batch: dict, key: jax.Array):
         m = batch["loss_mask"]
         moe = bool(getattr(getattr(model, "cfg", None), "is_moe", False)) and not self.rows_per_prompt
-        logp, ent, router = _policy_forward(model, batch, self.chunk_size, self.temperature,
-                                            self.entropy_coef != 0.0 or self.entropy_input, self.rows_per_prompt,
-                                            self.routing_replay, moe)
+        logp, ent, router, mean = _policy_forward(model, batch, self.chunk_size, self.temperature,
+                                                  self.entropy_coef != 0.0 or self.entropy_input, self.rows_per_prompt,
+                                                  self.routing_replay, moe, self.mean_logp_input)
         if self.coupled:
             # the gradient-equivalent term of the coupled surrogate (its value and metrics came from
             # the first pass): value = the batch's loss, gradient = sum(coef * d logp)
@@ -268,6 +290,8 @@ class PolicyObjective:
             total, metrics = jnp.zeros_like(logp), {}
         else:
             extra = {"entropy": ent} if self.entropy_input else {}
+            if self.mean_logp_input:
+                extra["mean_logp"] = mean
             per_token, metrics = self.policy_loss(logp, batch["old_logp"], batch["advantages"], m,
                                                   **self._loss_kwargs(batch, key), **extra)
             total, coupled = per_token, 0.0

@@ -35,11 +35,11 @@ from jaxrl_llm.algorithms.selection import SPO_SLOT, spo_estimates
 from jaxrl_llm.core.entropy import sum_pi_squared_from_logits
 from jaxrl_llm.models.transformer import softcap_logits
 from jaxrl_llm.parallel.multihost import gather
-from jaxrl_llm.training.objectives import critic_values, policy_logprobs
+from jaxrl_llm.training.objectives import critic_values, policy_logprobs, policy_mean_logprobs
 from jaxrl_llm.training.prompt_store import STORE_INPUTS
 
 __all__ = ["StepBatch", "PROVIDERS", "INTRINSIC", "TOKEN_ARRAYS", "spo_update", "provider", "policy_logp",
-           "policy_sum_pi_squared", "policy_entropy", "policy_head_grad_norm"]
+           "policy_sum_pi_squared", "policy_entropy", "policy_head_grad_norm", "policy_mean_logp"]
 
 #: inputs the loop has without a provider, and where they come from
 INTRINSIC = {"old_logp": "always in the batch (the sampler's, or recomputed with recipe.old_logp=recompute)",
@@ -238,6 +238,17 @@ def policy_entropy(graphdef, chunk_size, temperature, params, others, tokens, ma
     return jax.lax.stop_gradient(ent)
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def policy_mean_logp(graphdef, chunk_size, temperature, params, others, tokens, mask, routes=None):
+    """``[N, L - 1]`` mean over the vocabulary of the temperature-scaled log-probs at each
+    position (ROVER's uniform-policy value; chunked)."""
+    from flax import nnx
+
+    batch = {"tokens": tokens, "mask": mask} if routes is None else {"tokens": tokens, "mask": mask, "routes": routes}
+    return policy_mean_logprobs(nnx.merge(graphdef, params, *others), batch, chunk_size=chunk_size,
+                                temperature=temperature, routing_replay=routes is not None)
+
+
 def _replayed(tr, arrays: dict):
     """The batch's sampler routes when the update replays them (a mixture of experts,
     ``train.routing_replay``), so a provider's forward pass uses the same experts; else None."""
@@ -329,6 +340,17 @@ def _old_entropy(tr, step: StepBatch) -> None:
     step.arrays["old_entropy"] = _target(step, ent)
     cm = step.arrays["loss_mask"]
     step.metrics["old_entropy/mean"] = float(np.asarray(ent)[cm].mean()) if cm.any() else 0.0
+
+
+@provider("old_mean_logp")
+def _old_mean_logp(tr, step: StepBatch) -> None:
+    """The sampling policy's (the policy before the update) vocabulary-mean log-prob at each
+    response position: ROVER's next-state value under the old policy."""
+    a = step.arrays
+    obj = tr.recipe.objective
+    v = gather(policy_mean_logp(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params, tr.frozen,
+                                a["tokens"], a["mask"], _replayed(tr, a)))
+    step.arrays["old_mean_logp"] = _target(step, v)
 
 
 def mask_prompt_tokens(tokens: np.ndarray, mask: np.ndarray, prompt_len: int, key: jax.Array, prob: float,

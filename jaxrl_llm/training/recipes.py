@@ -365,6 +365,13 @@ PRESETS: dict[str, Preset] = {
                             "the critique reads the ground truth from data column recipe.hints.column (default "
                             "'answer'); the scripts' sum over the batch's tokens / the maximum length is Dr.GRPO's "
                             "aggregation here (a constant factor apart); the trainer needs a prompt encoder"),
+    # ROVER's Math runs: GRPO's advantage, the ROVER regression (rho 1, next-value scale 1, no clip), token-mean
+    "rover": Preset(_spec("rover", "grpo", Choice("rover"), "token-mean"), 8,
+                    "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards (ROVER; He et al.), "
+                    "arXiv:2505.17618",
+                    "the authors' scripts sample at temperature 0.6 (rollout.temperature) with several mini-batches "
+                    "per step (recipe.num_minibatches): the next-position value is 0 in the first mini-batch, as "
+                    "the current policy is still the sampling one"),
     # TreePO's released run: the DAPO trainer (clip 0.2 / 0.28, verl's clip_ratio_c = 10, token-mean,
     # overlong shaping, dynamic sampling) with the tree advantage; the tree sampler is rollout.tree_segment
     "treepo": Preset(_spec("treepo", "treepo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",
@@ -453,7 +460,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.advantage={est.name} compares the samples of one prompt with each other: rollout.num_samples must "
           f"be >= 2, got {num_samples} (for one sample per prompt use recipe.advantage=reinforce_pp, remax or gae)")
     loss = _bound(SURROGATES, s.loss, "recipe.loss",
-                  skip=("is_weights", "key", "entropy") + tuple(sorted(SURROGATES[s.loss.name].requires)))
+                  skip=("is_weights", "key", "entropy", "mean_logp") + tuple(sorted(SURROGATES[s.loss.name].requires)))
     _need(s.agg in AGGREGATIONS, AGGREGATIONS.unknown(s.agg))
     _need(s.old_logp in ("sampler", "recompute"), f"recipe.old_logp must be 'sampler' or 'recompute', got "
                                                   f"{s.old_logp!r}")
@@ -502,7 +509,7 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
         entropy_coef=float(s.entropy_coef), temperature=temperature, chunk_size=chunk_size,
         needs_key=bool(loss.part.flag("needs_key")), use_is_weights=is_w is not None,
         kl_bias_correction=None if kl.bias_correction == "none" else kl.bias_correction,
-        entropy_input=bool(loss.part.flag("entropy")))
+        entropy_input=bool(loss.part.flag("entropy")), mean_logp_input=bool(loss.part.flag("mean_logp")))
 
     sh = _optional(SHAPING, s.shaping, "recipe.shaping")
     shaping = () if sh is None else (sh,)
@@ -596,6 +603,8 @@ def _trial(est: Bound, loss: Bound, kl_reward: KLReward | None, num_samples: int
     extra = {"key": jax.random.key(0)} if loss.part.flag("needs_key") else {}
     if loss.part.flag("entropy"):
         extra["entropy"] = jnp.zeros((n, t), jnp.float32)
+    if loss.part.flag("mean_logp"):
+        extra["mean_logp"] = jnp.zeros((n, t), jnp.float32)
     cols = {k: f32(*LOSS_INPUT_SHAPES[k](n, t)) for k in loss.part.requires}
     try:
         jax.eval_shape(lambda a, b, c, m, kw: loss(a, b, c, m, **kw, **extra), tok, tok, tok, f32((n, t), jnp.bool_),

@@ -234,6 +234,8 @@ R.update({
                                                                                         np.float32)), tok4, 3),
     "entropy_balanced_loss": (lambda lp, o, a, m: C.entropy_balanced_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1),
                               tok4, 3),
+    "rover_loss": (lambda lp, o, a, m: C.rover_loss(lp, o, a, m, mean_logp=o - 1.0, old_mean_logp=lp - 1.2,
+                                                    clip_ratio=0.2), tok4, 3),
     "epo_loss": (lambda lp, o, a, m: C.epo_loss(lp, o, a, m, entropy=jnp.abs(o) + 0.1, epo_entropy_ref=jnp.abs(a) + 0.2,
                                                 epo_phase_weight=np.full(B, 0.9, np.float32)), tok4, 3),
     "aligndistil_loss": (lambda lp, o, a, m: C.aligndistil_loss(lp, o, a, m, teacher_logp=o * 1.1,

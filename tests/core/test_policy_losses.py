@@ -500,3 +500,44 @@ def test_critique_grpo_loss_hand_values_gradient_and_identity():
     got = P.critique_grpo_loss(lp3, o3, a3, m3, np.zeros(B, np.float32), clip=True)[0]
     np.testing.assert_allclose(np.asarray(got), np.asarray(P.ppo_clip_loss(lp3, o3, a3, m3, dual_clip=None)[0]),
                                rtol=1e-6, atol=1e-7)
+
+
+def test_rover_hand_values_bellman_target_and_identity():
+    # one row, 3 response tokens (the 4th position is padding)
+    lp = np.array([[-1.0, -2.0, -0.5, -3.0]], np.float32)
+    old = np.array([[-1.2, -1.5, -0.5, -3.0]], np.float32)
+    adv = np.array([[0.5, 0.5, 0.5, 0.0]], np.float32)
+    m = np.array([[1, 1, 1, 0]], bool)
+    cur = np.array([[-4.0, -3.0, -5.0, -9.0]], np.float32)
+    prev = np.array([[-4.5, -3.5, -4.0, -1.0]], np.float32)
+    per, met = P.rover_loss(lp, old, adv, m, mean_logp=cur, old_mean_logp=prev, rho=2.0)
+    # Q = 2 (lp - old) = 0.4, -1.0, 0; next value V_{t+1} = 2 (cur - prev)[t+1] m[t+1] = 1.0, -2.0, 0
+    # target = 0.5 + (1.0, -2.0, 0) = 1.5, -1.5, 0.5; loss = (Q - target)^2
+    want = np.array([[(0.4 - 1.5) ** 2, (-1.0 + 1.5) ** 2, (0.0 - 0.5) ** 2, 0.0]])
+    np.testing.assert_allclose(per, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(met["rover_target"], (1.5 - 1.5 + 0.5) / 3, rtol=1e-5)
+    # gradient: d/d lp_t of (Q - target)^2 = 2 (Q - target) rho; the target carries none
+    g = jax.grad(lambda x: jnp.sum(P.rover_loss(x, old, adv, m, mean_logp=cur, old_mean_logp=prev, rho=2.0)[0]))(lp)
+    np.testing.assert_allclose(g, 2 * 2.0 * np.array([[0.4 - 1.5, -1.0 + 1.5, -0.5, 0.0]]), rtol=1e-5, atol=1e-6)
+    # identity: no next value -> the squared error of rho x the log-ratio against the advantage
+    per0, _ = P.rover_loss(lp, old, adv, m, mean_logp=cur, old_mean_logp=prev, next_scale=0.0)
+    np.testing.assert_allclose(per0, np.where(m, ((lp - old) - adv) ** 2, 0.0), rtol=1e-5, atol=1e-6)
+
+
+def test_rover_clip_replaces_q_beyond_the_bound_towards_the_target():
+    lp = np.log(np.array([[1.5, 0.5, 1.5, 1.1]], np.float32))  # ratios against old = 1
+    old = np.zeros((1, 4), np.float32)
+    m = np.ones((1, 4), bool)
+    adv = np.array([[2.0, -2.0, -2.0, 2.0]], np.float32)
+    z = np.zeros((1, 4), np.float32)
+    per, met = P.rover_loss(lp, old, adv, m, mean_logp=z, old_mean_logp=z, clip_ratio=0.2)
+    q = np.log(np.array([1.2, 0.8, 1.5, 1.1]))  # token 0: above 1.2 with a higher target; 1: below 0.8, lower
+    np.testing.assert_allclose(per, [(q - adv[0]) ** 2], rtol=1e-5)
+    assert float(met["clip_frac"]) == pytest.approx(0.5)
+    # a clipped token gets no gradient
+    g = jax.grad(lambda x: jnp.sum(P.rover_loss(x, old, adv, m, mean_logp=z, old_mean_logp=z, clip_ratio=0.2)[0]))(lp)
+    assert float(g[0, 0]) == 0.0 and float(g[0, 1]) == 0.0 and float(g[0, 2]) != 0.0
+    with pytest.raises(ValueError, match="rho"):
+        P.rover_loss(lp, old, adv, m, mean_logp=z, old_mean_logp=z, rho=0.0)
+    with pytest.raises(ValueError, match="clip_ratio"):
+        P.rover_loss(lp, old, adv, m, mean_logp=z, old_mean_logp=z, clip_ratio=1.5)
