@@ -134,7 +134,7 @@ for _part in (
          core=("rover_loss",), requires=frozenset({"old_mean_logp"}), methods=(204,),
          verified="hand values, paper identity (next_scale 0: squared error of the log-ratio against the advantage); "
                   "a transcription of the authors' code (yuxiaooye/ROVER @ea5ce63)",
-         tests="tests/core/test_policy_losses.py, tests/training/test_rover.py, tests/conformance/test_rover.py",
+         tests="tests/core/test_policy_losses.py, tests/training/test_rover.py, tests/conformance/test_rover_authors.py",
          flags=(("mean_logp", True),),
          note="(rho log-ratio - sg(A + rho (mean_v log pi - mean_v log pi_old) at the next position))^2: the log-ratio as "
               "the uniform random policy's Q-value, regressed on a one-step Bellman target; rho 1, GRPO advantage; "

@@ -15,7 +15,7 @@ response token: the state whose next-token distribution sampled it):
 The sources are the authors' code (hf618/VERL @3de68f1: ``verl/trainer/metrics_utils.py``
 ``compute_single_effective_rank`` and ``calculate_diffs_for_single_sample_optimized``,
 ``metrics_calculator.py``'s ``_aggregate_diffs``, ``reward_manager_versions.py``'s ``PlanB``
-signal, ``ppo/ray_trainer.py``'s ``compute_advantage``); ``tests/conformance/test_verl_er.py``
+signal, ``ppo/ray_trainer.py``'s ``compute_advantage``); ``tests/conformance/test_verl_er_authors.py``
 transcribes them. The whole-response rank uses every response token (the code truncates only the
 dynamics to ``max_len``). The code keeps ranks and rewards in bfloat16; these functions compute in
 float32.
@@ -59,31 +59,26 @@ def effective_rank(hidden: jax.Array, mask: jax.Array) -> jax.Array:
 
 def _row_dynamics(h: jax.Array, m: jax.Array, stride: int, max_len: int) -> tuple[jax.Array, jax.Array]:
     t_len = h.shape[0]
+    width = min(t_len, max_len)  # the kept states fit here, whatever the batch's padding
     r = jnp.cumsum(m) - 1  # index among the row's valid states
     n = jnp.sum(m)
     start = jnp.maximum(n - max_len, 0)  # the last max_len valid states
-    q = jnp.where(m & (r >= start), r - start, -1)  # position in the kept sequence, -1 outside
     kept = n - start
-    keep = (q >= 0).astype(jnp.float32)
-    # centred on the kept states' mean first: each window's centring below then corrects a small
-    # mean, not the states' offset (float32 cancellation in the Gram identity otherwise)
-    mu = jnp.sum(h * keep[:, None], 0) / jnp.maximum(jnp.sum(keep), 1.0)
-    hk = (h - mu) * keep[:, None]
-    gram = hk @ hk.T
-    n_ck = max(1, math.ceil(min(t_len, max_len) / stride))
+    q = jnp.where(m & (r >= start), r - start, width)  # slot in the buffer; `width`: dropped
+    src = jnp.zeros(width + 1, jnp.int32).at[q].set(jnp.arange(t_len, dtype=jnp.int32))[:width]
+    pos = jnp.arange(width)
+    valid = (pos < kept).astype(jnp.float32)
+    hk = h[src] * valid[:, None]
+    n_ck = max(1, math.ceil(width / stride))
     ts = stride * (jnp.arange(n_ck) + 1)
 
-    def rank_at(t):  # ER of the prefix q <= t from the centred Gram's eigenvalues (sigma = sqrt(lambda))
-        win = ((q >= 0) & (q <= t)).astype(jnp.float32)
-        k = jnp.maximum(jnp.sum(win), 1.0)
-        mean = jnp.sum(hk * win[:, None], 0) / k
-        a = hk @ mean
-        g = (gram - a[:, None] - a[None, :] + mean @ mean) * win[:, None] * win[None, :]
-        lam = jnp.linalg.eigvalsh(g)
-        # rounding leaves the zero eigenvalues (the rows outside the prefix, the centring) at
-        # +-1e-7 of the largest: each would add a spurious sqrt-sized singular value
-        lam = jnp.where(lam > jnp.max(lam) * t_len * jnp.finfo(jnp.float32).eps, lam, 0.0)
-        return _er_of_singular_values(jnp.sqrt(lam))
+    def rank_at(t):  # ER of the prefix (slots <= t): singular values of its centred states
+        win = valid * (pos <= t)
+        mean = jnp.sum(hk * win[:, None], 0) / jnp.maximum(jnp.sum(win), 1.0)
+        # the slots outside the prefix are zero rows: zero singular values, which add nothing
+        # (the SVD's rounding is relative to the largest singular value, not its square, as the
+        # Gram matrix's eigenvalues would be: float32 resolves the small ones)
+        return _er_of_singular_values(jnp.linalg.svd((hk - mean) * win[:, None], compute_uv=False))
 
     ers = jax.vmap(rank_at)(ts)
     ok = (ts < kept) & (kept >= 2 * stride) & (kept >= 2)
@@ -106,9 +101,12 @@ def effective_rank_dynamics(hidden: jax.Array, mask: jax.Array, *, stride: int =
     released stride (40) and window (the last 512 states for the dynamics).
 
     A row's states are its masked positions in order (``mask`` need not be a prefix); rows with
-    ``<= 2 * stride`` kept states have ``erv = era = 0``, as in the code. Each prefix's rank comes
-    from the eigenvalues of its centred Gram matrix (the code's fast path), ``er`` from the
-    singular values of the whole row (the code's full SVD)."""
+    ``<= 2 * stride`` kept states have ``erv = era = 0``, as in the code. The kept states are
+    gathered into a ``[min(T, max_len), D]`` buffer first (the cost does not grow with the batch's
+    padding). Every rank comes from singular values: the code's fast path takes the prefixes' from
+    the eigenvalues of their Gram matrices, the same numbers in exact arithmetic, but in float32
+    those resolve only singular values above about ``3e-4`` of the largest (the rounding is
+    relative to the largest eigenvalue, a squared singular value)."""
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride must be an int >= 1, got {stride!r}")
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
@@ -130,6 +128,11 @@ def effective_rank_bonus(er: jax.Array, erv: jax.Array, era: jax.Array, baseline
     ``w = tau * explore + (1 - tau) * exploit``; the signal is ``weight * sum_k w_k tanh(rel_k)``.
     With the defaults (the released ones): ``tau tanh(rel_er) + (1 - tau) tanh(rel_erv)``: a
     response whose rank accelerates is paid for its rank, one that does not for its velocity."""
+    for name, w in (("explore", explore), ("exploit", exploit)):
+        if len(w) != 3 or any(not (isinstance(v, (int, float)) and v >= 0) for v in w):
+            raise ValueError(f"argument {name!r} must be 3 weights >= 0 (on era, erv, er), got {w!r}")
+    if not clip > 0:
+        raise ValueError(f"argument 'clip' must be > 0, got {clip!r}")
     x = jnp.stack([jnp.asarray(era, jnp.float32), jnp.asarray(erv, jnp.float32), jnp.asarray(er, jnp.float32)], -1)
     b = jnp.asarray(baseline, jnp.float32)
     rel = jnp.clip((x - b) / (jnp.abs(b) + _EPS), -clip, clip)

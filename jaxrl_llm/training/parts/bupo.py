@@ -21,7 +21,11 @@ log-probs by ``pi_l``'s (the policy before the update, at the sampling temperatu
 runs the recipe's own train step on the batch with a ``policy_layer`` column, which makes the
 objective read ``pi_l`` (:meth:`jaxrl_llm.models.Transformer.__call__`'s ``exit_layer``: the later
 layers run as the identity, so the forward pass costs as much as the whole model's and the later
-layers get no gradient). From iteration ``steps`` on it does nothing. ``layer`` counts decoder
+layers get no gradient; an optimiser's weight decay still moves them, and optax's Adam counts its
+steps for all parameters at once, where PyTorch's counts per parameter, so the later layers' first
+updates after the switch are bias-corrected differently). An entropy bonus (``recipe.entropy_coef``,
+0 in the authors' scripts) is the internal policy's entropy here; the code's is the whole model's.
+From iteration ``steps`` on it does nothing. ``layer`` counts decoder
 layers from 1, as the paper does (the code's ``startk`` is ``layer - 1``). It refuses what would
 compare ``pi_l`` with another policy's log-probs: a KL to the reference (in the loss or the reward),
 importance weights or rejection against the sampler, and the packed or shared-prompt passes (their
@@ -78,13 +82,29 @@ class BuPO(NamedLoopPart):
         self.name = "bupo"
         self._metrics: dict[str, float] = {}
 
+    @classmethod
+    def from_run(cls, run):
+        part = super().from_run(run)
+        if part is not None:  # at config time too (the recipe is known there)
+            part.check_recipe(run.recipe)
+        return part
+
     def attach(self, ctx) -> None:
-        rec = ctx.recipe
         from flax import nnx
 
-        n = nnx.merge(ctx.graphdef, ctx.state.params, *ctx.frozen).cfg.num_layers
-        if self.layer > n:
-            raise ConfigError(f"recipe.loop_part.layer={self.layer}: the model has {n} decoder layers")
+        self.check_recipe(ctx.recipe)
+        cfg = nnx.merge(ctx.graphdef, ctx.state.params, *ctx.frozen).cfg
+        if self.layer > cfg.num_layers:
+            raise ConfigError(f"recipe.loop_part.layer={self.layer}: the model has {cfg.num_layers} decoder layers")
+        if cfg.is_moe and ctx.recipe.objective.router_aux_coef:
+            raise ConfigError("recipe.loop_part=bupo with a mixture of experts' load-balancing loss: the later layers' "
+                              "routers would still get a gradient; set the router loss coefficient to 0")
+        if getattr(ctx, "logprob_packing", None) is not None:
+            raise ConfigError("recipe.loop_part=bupo cannot be combined with train.max_tokens_per_microbatch (the "
+                              "packed pass does not stop at an internal layer)")
+
+    @staticmethod
+    def check_recipe(rec) -> None:
         if rec.kl_reward is not None or rec.objective.has_kl:
             raise ConfigError("recipe.loop_part=bupo trains an internal layer's policy, whose log-probs a KL to the "
                               "reference (the whole model's) would compare with another policy's: set the recipe's "
@@ -92,9 +112,6 @@ class BuPO(NamedLoopPart):
         if rec.is_correction is not None or rec.rejection is not None:
             raise ConfigError("recipe.loop_part=bupo: the internal policy's log-probs are not the sampler's policy: it "
                               "cannot be combined with recipe.is_weights or recipe.rejection")
-        if getattr(ctx, "logprob_packing", None) is not None:
-            raise ConfigError("recipe.loop_part=bupo cannot be combined with train.max_tokens_per_microbatch (the "
-                              "packed pass does not stop at an internal layer)")
 
     def active(self, ctx) -> bool:
         return ctx.iteration < self.steps
@@ -112,7 +129,7 @@ class BuPO(NamedLoopPart):
         return step
 
     def update(self, ctx, plan):
-        if not self.active(ctx):
+        if not self.active(ctx) or not plan.train_policy:  # another part holds the policy back (a critic's warm-up)
             return plan
         keys = sorted(ctx.recipe.objective.batch_keys())
         plan.train_policy = False

@@ -106,8 +106,7 @@ class VerlEffectiveRank(NamedLoopPart):
         stats = np.asarray(gather(response_rank_stats(ctx.graphdef, c0, self.stride, self.max_len, ctx.state.params,
                                                       ctx.frozen, a["tokens"], a["mask"], cm, routes)), np.float64)
         adv = np.asarray(a["advantages"], np.float32)
-        new, self._metrics = self.advance(stats, np.asarray(step.valid, bool), adv[:, c0:],
-                                        np.asarray(a["loss_mask"], bool)[:, c0:])
+        new, self._metrics = self.advance(stats, np.asarray(step.valid, bool), adv[:, c0:], cm)
         if new is not None:
             adv = adv.copy()
             adv[:, c0:] = new
@@ -116,21 +115,25 @@ class VerlEffectiveRank(NamedLoopPart):
 
     def advance(self, stats, valid, advantages, mask):
         """One step of the rule on host arrays: ``stats [N, 3]`` ``(ER, ERV, ERA)``, ``valid [N]``
-        the rows that take part, ``advantages`` / ``mask [N, T]`` response-aligned. Returns the
-        shaped advantages (None at the first step: no bonus yet) and the step's metrics, and moves
-        the baseline."""
+        the rows that take part, ``advantages`` / ``mask [N, T]`` response-aligned (``mask``: the
+        response tokens; the bonus goes on each row's last, where the code's reward sits, whether or
+        not the loss trains it). Returns the shaped advantages (None at the first step: no bonus
+        yet; and for a step without rows, which leaves the state as it was) and the step's
+        metrics, and moves the baseline."""
         stats = np.asarray(stats, np.float64)
         er, erv, era = stats[:, 0], stats[:, 1], stats[:, 2]
-        any_valid = bool(valid.any())
-        m = {"verl_er/er": float(er[valid].mean()) if any_valid else 0.0,
-             "verl_er/erv": float(erv[valid].mean()) if any_valid else 0.0,
-             "verl_er/era": float(era[valid].mean()) if any_valid else 0.0}
+        any_valid = bool(np.asarray(valid).any())
+        if not any_valid:
+            return None, {"verl_er/er": 0.0, "verl_er/erv": 0.0, "verl_er/era": 0.0, "verl_er/bonus": 0.0,
+                          "verl_er/shaped": 0.0, "verl_er/baseline_er": float(self.baseline[2])}
+        m = {"verl_er/er": float(er[valid].mean()), "verl_er/erv": float(erv[valid].mean()),
+             "verl_er/era": float(era[valid].mean())}
         new, shaped, bonus_mean = None, 0, 0.0
         if self.previous is not None:
             bonus = np.asarray(effective_rank_bonus(er, erv, era, np.asarray(self.baseline), gain=self.gain,
                                                     weight=self.weight), np.float64)
             bonus = np.where(valid, bonus, 0.0)
-            bonus_mean = float(bonus[valid].mean()) if any_valid else 0.0
+            bonus_mean = float(bonus[valid].mean())
             adv = np.asarray(advantages, np.float32)
             new = np.asarray(capped_bonus_advantages(adv, bonus.astype(np.float32), mask, kappa=self.kappa,
                                                      at=self.at))
@@ -156,7 +159,7 @@ LOOP_PART_OPTIONS.register(Part(
           "effective-rank shaping), arXiv:2509.23808",
     core=("effective_rank", "effective_rank_dynamics", "effective_rank_bonus", "capped_bonus_advantages"),
     methods=(166,), verified="hand values; the authors' code's rank, dynamics, signal and shaping (hf618/VERL @3de68f1)",
-    tests="tests/core/test_representation.py, tests/conformance/test_verl_er.py, tests/training/test_verl_er.py",
+    tests="tests/core/test_representation.py, tests/conformance/test_verl_er_authors.py, tests/training/test_verl_er.py",
     note="the effective rank of each response's hidden states, its velocity and acceleration over growing prefixes; "
          "a bonus tau tanh(rel ER) + (1 - tau) tanh(rel ERV), tau = sigmoid(gain rel ERA), against an EMA of past "
          "batch means, added to the advantage's last token capped at |A| / kappa; not reproduced: the signal in the "

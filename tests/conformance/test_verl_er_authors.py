@@ -139,6 +139,24 @@ def test_rank_velocity_acceleration_equal_the_code(stride, max_len, offset):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
+def test_long_padded_rows_with_a_decaying_spectrum_equal_the_code():
+    """Realistic widths: 300 states of a spectrum falling as 1 / i (many small singular values)
+    in a batch padded to 700 positions, the last 256 kept for the dynamics, the released stride."""
+    rng = np.random.default_rng(11)
+    n, t, d, k = 2, 700, 128, 300
+    u, _ = np.linalg.qr(rng.normal(size=(k, k)))
+    v, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    hidden = np.zeros((n, t, d), np.float32)
+    mask = np.zeros((n, t), bool)
+    for i, length in enumerate([k, 290]):
+        states = (u[:, :d] * (3.0 / np.arange(1, d + 1))) @ v.T + 0.5
+        hidden[i, :length] = states[:length]
+        mask[i, :length] = True
+    want = their_stats(hidden.astype(np.float64), mask, 256, 40)
+    er, erv, era = C.effective_rank_dynamics(hidden, mask, stride=40, max_len=256)
+    np.testing.assert_allclose(np.stack([er, erv, era], -1), want, rtol=2e-3, atol=2e-3)
+
+
 def test_signal_baseline_and_shaping_over_steps_equal_the_code():
     rng = np.random.default_rng(7)
     part = VerlEffectiveRank(gain=2.0, weight=1.0, ema=0.3, kappa=2.0)
