@@ -378,8 +378,8 @@ def rover_loss(logp, old_logp, advantages, mask, *, mean_logp, old_mean_logp, rh
 
     ``clip_ratio`` (the code's ``use_rover_clip``, off in its scripts): ``Q_t`` above ``log(1 + eps)``
     while the target is higher, or below ``log(1 - eps)`` while it is lower, is replaced by that
-    bound (no gradient). With ``rho = 1`` the softmax of ``Q`` over the actions is the policy itself
-    (up to the old policy's normalisation): the paper's "softmax over uniform-policy Q-values".
+    bound (no gradient). The policy this parameterises is ``pi ∝ pi_old exp(Q / rho)``: the paper's
+    softmax over the uniform policy's Q-values, relative to the policy that sampled.
 
     Paper: He et al., "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards"
     (ROVER), arXiv:2505.17618; code ``yuxiaooye/ROVER`` @ea5ce63 (``Math/verl/workers/actor/

@@ -181,8 +181,12 @@ def token_mean_logprobs(hidden: jax.Array, unembedding: jax.Array, *, chunk_size
     b, t, d = hidden.shape
     if unembedding.shape[0] != d:
         raise ValueError(f"argument 'unembedding' must be [D={d}, V], got {unembedding.shape}")
+    if softcap is not None:
+        _checks.check_positive("softcap", softcap)
+        softcap = float(softcap)
     dt = jnp.dtype(compute_dtype or hidden.dtype)
     hidden, unembedding = jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(unembedding)
+    unembedding = constrain(unembedding, ("embed", "vocab"))  # kept in its parameter layout (FSDP)
     c = min(chunk_size, t)
     n = -(-t // c)
     h = jnp.pad(hidden, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)

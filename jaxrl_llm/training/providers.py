@@ -344,8 +344,10 @@ def _old_entropy(tr, step: StepBatch) -> None:
 
 @provider("old_mean_logp")
 def _old_mean_logp(tr, step: StepBatch) -> None:
-    """The sampling policy's (the policy before the update) vocabulary-mean log-prob at each
-    response position: ROVER's next-state value under the old policy."""
+    """The vocabulary-mean log-prob at each response position under the policy before the update
+    (the trainer's parameters; the sampling policy itself when on-policy): ROVER's next-state value
+    under the old policy, whose log-probs are best recomputed by the same pass
+    (``recipe.old_logp=recompute``, the preset's)."""
     a = step.arrays
     obj = tr.recipe.objective
     v = gather(policy_mean_logp(tr.graphdef, obj.chunk_size, obj.temperature, tr.state.params, tr.frozen,

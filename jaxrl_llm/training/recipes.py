@@ -366,12 +366,15 @@ PRESETS: dict[str, Preset] = {
                             "'answer'); the scripts' sum over the batch's tokens / the maximum length is Dr.GRPO's "
                             "aggregation here (a constant factor apart); the trainer needs a prompt encoder"),
     # ROVER's Math runs: GRPO's advantage, the ROVER regression (rho 1, next-value scale 1, no clip), token-mean
-    "rover": Preset(_spec("rover", "grpo", Choice("rover"), "token-mean"), 8,
+    "rover": Preset(_spec("rover", "grpo", Choice("rover"), "token-mean", old_logp="recompute"), 8,
                     "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards (ROVER; He et al.), "
                     "arXiv:2505.17618",
-                    "the authors' scripts sample at temperature 0.6 (rollout.temperature) with several mini-batches "
-                    "per step (recipe.num_minibatches): the next-position value is 0 in the first mini-batch, as "
-                    "the current policy is still the sampling one"),
+                    "old log-probs recomputed by the trainer before the update (the code takes them and the old "
+                    "values from one pass of the actor); the authors' scripts sample at temperature 0.6 "
+                    "(rollout.temperature) with several mini-batches per step (recipe.num_minibatches): in the first "
+                    "the policy is still the old one, so Q and the next value are 0 up to rounding (the code sets Q "
+                    "to 0 exactly with one mini-batch and epoch); the code averages each micro-batch's tokens, "
+                    "token-mean here averages the mini-batch's"),
     # TreePO's released run: the DAPO trainer (clip 0.2 / 0.28, verl's clip_ratio_c = 10, token-mean,
     # overlong shaping, dynamic sampling) with the tree advantage; the tree sampler is rollout.tree_segment
     "treepo": Preset(_spec("treepo", "treepo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",

@@ -128,12 +128,22 @@ def shared_prefix_plan(cfg: RLRunConfig, rec: RLRecipe, batch_ways: int = 1, moe
     if (cfg.train.routing_replay or moe) and want is None:
         return None, ("a mixture of experts: each row's own forward pass replays or compares the sampler's routes "
                       "and computes the routers' statistics")
+    if rec.objective.mean_logp_input:
+        if want:
+            raise ConfigError("train.shared_prefix=true cannot hold: the recipe's loss (ROVER's) reads each position's "
+                              "vocabulary-mean log-prob from the row's own forward pass (set train.shared_prefix=false)")
+        return None, "the recipe's loss (ROVER's) reads each position's vocabulary-mean log-prob from the row's own pass"
     from jaxrl_llm.training.parts.shared_prefix import SharedPrefix
 
-    on = {p.key for p in loop_parts(cfg, rec)}  # what the shared-prefix part declares it cannot run with
+    parts = loop_parts(cfg, rec)
+    on = {p.key for p in parts}  # what the shared-prefix part declares it cannot run with
     clash = [c.other for c in SharedPrefix.conflicts if c.other in on]
+    # parts that declare they cannot run with it (their own forward passes)
+    refuse = [f"{p.key}: {c.why}" for p in parts for c in type(p).conflicts if c.other == "train.shared_prefix"]
     ppm = cfg.rollout.prompts_per_step * max(1, len(cfg.data.budgets))  # prompt groups per step
-    if clash:
+    if refuse:
+        why = refuse[0]
+    elif clash:
         why = f"{', '.join(clash)} gives the rows of a prompt group different prompts or counts"
     elif want is None and rec.num_minibatches > 1 and "group_ids" not in rec.objective.batch_keys():
         why = (f"recipe.num_minibatches={rec.num_minibatches} deals rows, not whole prompt groups, into mini-batches "
@@ -327,6 +337,13 @@ def _check_long(cfg: RLRunConfig, rec: RLRecipe, model_cfg) -> None:
         if rec.needs_critic:
             raise ConfigError("train.max_tokens_per_microbatch (packing) does not pack the critic's update yet: unset "
                               "it for a recipe with a critic")
+        if rec.objective.mean_logp_input:
+            raise ConfigError("train.max_tokens_per_microbatch (packing) does not compute the vocabulary-mean "
+                              "log-probs the recipe's loss (ROVER's) reads: unset it")
+        unpacked = [p.label for p in loop_parts(cfg, rec) if not type(p).packed_update]
+        if unpacked:
+            raise ConfigError(f"train.max_tokens_per_microbatch (packing) cannot be combined with {unpacked[0]} (its "
+                              f"update's forward pass is not a packed one): unset it")
         if m.context > 1:
             for key, v in (("max_tokens_per_microbatch", budget),
                            ("logprob_tokens_per_microbatch", t.logprob_tokens_per_microbatch or 2 * budget)):

@@ -1,7 +1,8 @@
 """ROVER in the loop (recipe.loss=rover, METHODS.md #204): the sampling policy's vocabulary-mean
 log-probs reach the batch (computed here by hand from the logits), the train step's loss is the
 one-step Bellman regression with the current policy's next-position value (checked against a
-by-hand evaluation of the same batch), and runs with several mini-batches learn."""
+by-hand evaluation of the same batch), and a run config turns shared prompts off for it and refuses
+packing at config time."""
 
 import jax
 import jax.numpy as jnp

@@ -174,3 +174,26 @@ def test_trainer_refuses_a_plan_that_disagrees_with_the_objective():
                                                                     "temperature": 1.0})()})(),
                            None, None, jl.training.build_recipe(RecipeSpec(name="grpo"), num_samples=8), None,
                            shared_prefix=PrefixPlan(8, True, 1))
+
+
+def test_parts_with_their_own_forward_pass_turn_it_off_and_refuse_packing(tmp_path):
+    """ROVER's loss reads each position's vocabulary mean and BuPO's update stops at an internal
+    layer: both need each row's own forward pass, so the default turns shared prompts off (saying
+    why), asking for them is refused, and so is packing, all at config time."""
+    rover = dataclasses.replace(_tiny(tmp_path), recipe=RecipeSpec(name="rover"))
+    assert check_rl(rover)["shared_prefix"].startswith("off: the recipe's loss (ROVER's)")
+    with pytest.raises(ConfigError, match="shared_prefix=true cannot hold: the recipe's loss"):
+        check_rl(dataclasses.replace(rover, train=TrainSpec(shared_prefix=True)))
+    with pytest.raises(ConfigError, match="packing.*ROVER"):
+        check_rl(dataclasses.replace(rover, train=TrainSpec(max_tokens_per_microbatch=64)))
+    bupo = dataclasses.replace(_tiny(tmp_path), recipe=RecipeSpec(name="grpo", loop_part=Choice("bupo", {"layer": 1})))
+    assert check_rl(bupo)["shared_prefix"].startswith("off: recipe.loop_part=bupo: the shared-prompt pass")
+    with pytest.raises(ConfigError, match="packing.*recipe.loop_part=bupo"):
+        check_rl(dataclasses.replace(bupo, train=TrainSpec(max_tokens_per_microbatch=64)))
+    with pytest.raises(ConfigError, match="KL"):  # at config time too
+        check_rl(dataclasses.replace(bupo, recipe=RecipeSpec(name="grpo", kl=KLSpec(coef=0.1),
+                                                             loop_part=Choice("bupo", {"layer": 1}))))
+    # and a whole run of the preset trains
+    run_rl(dataclasses.replace(rover, optim=OptimSpec(lr=1e-2)))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows) and "policy/rover_target" in rows[0]

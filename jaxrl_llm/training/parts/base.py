@@ -115,6 +115,9 @@ class LoopPart:
     #: at most this many sampling rounds per step (a group filter's rounds); the loop runs the
     #: largest any part allows
     max_rounds: int = 1
+    #: the part's update works with packed micro-batches (``train.max_tokens_per_microbatch``);
+    #: False: the run refuses packing at config time
+    packed_update: ClassVar[bool] = True
 
     #: the part's name within its key (``recipe.selector=<name>``); "" for a plain setting
     name: str = ""

@@ -73,6 +73,7 @@ class BuPO(NamedLoopPart):
     phases = frozenset({"assemble", "update"})
     conflicts = (Clash("episodes", "it trains single-turn responses' internal policy; the agent loop does not run it"),
                  Clash("train.shared_prefix", "the shared-prompt pass does not stop at an internal layer"))
+    packed_update = False  # the packed pass does not stop at an internal layer
 
     def __init__(self, *, layer: int, steps: int = 30):
         for name, v, low in (("layer", layer, 1), ("steps", steps, 0)):
