@@ -105,7 +105,7 @@ def catalog(*, library_only: bool = False) -> list[dict[str, Any]]:
         out.append({"kind": "RL recipe preset", "key": "recipe.name", "name": name, "paper": pr.paper, "core": [],
                     "requires": [], "defaults": {}, "methods": list(pr.methods),
                     "verified": "bitwise equal to the pre-redesign preset" if name in GOLDEN_PRESETS else "",
-                    "tests": ("tests/training/test_agent_loop.py, tests/training/test_agent_runner.py"
+                    "tests": pr.tests or ("tests/training/test_agent_loop.py, tests/training/test_agent_runner.py"
                               if any(PROVIDED_INPUTS.get(k) in AGENT_KINDS for k in ESTIMATORS[s.advantage.name].requires)
                               else "tests/training/test_behaviour_kept.py, tests/training/test_rl_recipes_extra.py"),
                     "note": parts + (f"; {pr.note}" if pr.note else "")})

@@ -176,6 +176,8 @@ class Preset:
     note: str = ""
     #: METHODS.md numbers of the seed papers whose recipe this preset is (a recipe study)
     methods: tuple[int, ...] = ()
+    #: the test files that run it (the catalogue's column; empty: the generic preset tests)
+    tests: str = ""
 
 
 def _ppo_loss(clip_low=0.2, clip_high=None, **kw) -> Choice:
@@ -374,7 +376,8 @@ PRESETS: dict[str, Preset] = {
                     "(rollout.temperature) with several mini-batches per step (recipe.num_minibatches): in the first "
                     "the policy is still the old one, so Q and the next value are 0 up to rounding (the code sets Q "
                     "to 0 exactly with one mini-batch and epoch); the code averages each micro-batch's tokens, "
-                    "token-mean here averages the mini-batch's"),
+                    "token-mean here averages the mini-batch's",
+                    tests="tests/training/test_rover.py, tests/training/test_shared_prefix_update.py"),
     # TreePO's released run: the DAPO trainer (clip 0.2 / 0.28, verl's clip_ratio_c = 10, token-mean,
     # overlong shaping, dynamic sampling) with the tree advantage; the tree sampler is rollout.tree_segment
     "treepo": Preset(_spec("treepo", "treepo", _ppo_loss(0.2, 0.28, dual_clip=10.0), "token-mean",
