@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
-__all__ = ["HintInputs", "HINTS", "add_hint", "trains_in_plain_context", "SCAF_SYSTEM"]
+__all__ = ["HintInputs", "HINTS", "add_hint", "trains_in_plain_context", "SCAF_SYSTEM", "icpo_prompt"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,6 +282,122 @@ HINTS.register(Part(
          "refinement of a prompt (else its first) replaces the group's first row, trained after the original "
          "question with recipe.loss=critique_grpo (the preset recipe.name=critique_grpo); not reproduced: the "
          "GPT-4o text critiques"))
+
+
+#: ICPO's instruction after each question (the authors' ``prompt_builder.py``; their literal
+#: ``\\boxed{{}}`` reaches the main question unformatted, with doubled braces: single ones here)
+ICPO_INSTRUCTION = " Let's think step by step and output the final answer within \\boxed{}"
+_DEMO_POOLS: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+
+
+def icpo_prompt(demos: list[tuple[str, str]], question: str, *, instruction: bool = True) -> str:
+    """ICPO's n-shot prompt (the authors' ``ICLPromptBuilder.construct_n_shot_prompt`` for a prompt
+    without a system message): each demonstration as ``"Question: {q}{instruction}\nAnswer: {a}"``,
+    joined by three newlines, then ``"Question: {question}{instruction}\nAnswer:"``."""
+    inst = ICPO_INSTRUCTION if instruction else ""
+    shots = "\n\n\n".join(f"Question: {q}{inst}\nAnswer: {a}" for q, a in demos)
+    return f"{shots}\n\n\nQuestion: {question}{inst}\nAnswer:"
+
+
+def _demo_pool(path: str, question_field: str, solution_field: str) -> list[tuple[str, str]]:
+    key = (path, question_field, solution_field)
+    if key not in _DEMO_POOLS:
+        import json
+
+        pool = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    pool.append((str(row[question_field]), str(row[solution_field])))
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"recipe.hints.demos: {path} line {n}: a JSON object with fields "
+                                     f"{question_field!r} and {solution_field!r} expected ({type(e).__name__}: {e})"
+                                     ) from None
+        if not pool:
+            raise ValueError(f"recipe.hints.demos: {path} holds no demonstrations")
+        _DEMO_POOLS[key] = pool
+    return _DEMO_POOLS[key]
+
+
+def icpo(x: HintInputs, *, demos: str | None = None, column: str = "solution", n_demo: int = 1, seed: int = 0,
+         question_field: str = "question", solution_field: str = "solution", beta: float = 0.0,
+         anneal_steps: int = 400, metric: str | None = None):
+    """ICPO's in-context steered rollouts (arXiv:2510.26519; the authors' ``Celine-hxy/ICPO``
+    @287ac48, ``verl/recipe/icpo``): each group's first row is replaced by a response the policy
+    samples with ``n_demo`` solved problems in front of its question (implicit expert forcing,
+    :func:`icpo_prompt`), trained after the plain question and marked for ``recipe.loss=icpo``
+    (the scripts' one such row per group, ``off_policy_rollout.rollout_num=1``).
+
+    Demonstrations: drawn at random, without replacement, from ``demos``, a JSONL file of solved
+    problems (fields ``question_field`` / ``solution_field``; the authors' cache of MATH's training
+    solutions), or, without a file, from the step's other problems and their data column
+    ``column``. The draw depends on ``seed``, the iteration and the group (a resume repeats it).
+
+    ``beta``, ``anneal_steps`` (read by the loop): the annealed expert bonus of the ``-rs``
+    scripts: a correct demonstration-guided response gets ``beta max(0, 1 - step / anneal_steps)``
+    added to its score (``beta`` 1, 400 steps there; 0 here: the plain ICPO scripts; ``step`` the
+    iteration from 0). The released code never sets the step its decay reads, so there the bonus
+    stays ``beta``; the annealing here is the paper's. The paper's expert-region reject sampling
+    is not in the released code (its ``-rs`` scripts differ from the plain ones by the bonus only)
+    and is not reproduced.
+
+    Prompts: a text prompt becomes the n-shot text; a chat prompt keeps its system message and
+    gets the n-shot text as its user message (the code applies no chat template to a prompt
+    without a system message, and for one with a system message drops the instruction after each
+    question); the code's doubled braces in the main question's ``\\boxed{{}}`` are single here."""
+    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta >= 0):
+        raise ValueError(f"recipe.hints.beta must be a number >= 0, got {beta!r}")
+    if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 1:
+        raise ValueError(f"recipe.hints.anneal_steps must be an int >= 1, got {anneal_steps!r}")
+    del metric  # read by the loop, like beta and anneal_steps
+    if isinstance(n_demo, bool) or not isinstance(n_demo, int) or n_demo < 1:
+        raise ValueError(f"recipe.hints.n_demo must be an int >= 1, got {n_demo!r}")
+    if x.stage > 0:
+        return {}
+    if demos is not None:
+        pool = _demo_pool(demos, question_field, solution_field)
+        own = [None] * len(x.raw_prompts)
+    else:
+        sols = _column(x, "icpo", column, "the demonstrations' solutions")
+        pool = [(_plain_question(r), str(a)) for r, a in zip(x.raw_prompts, sols)]
+        own = list(range(len(x.raw_prompts)))
+    out = {}
+    for g, raw in enumerate(x.raw_prompts):
+        cands = [i for i in range(len(pool)) if i != own[g]]
+        if len(cands) < n_demo:
+            raise ValueError(f"recipe.hints=icpo: {n_demo} demonstrations asked, {len(cands)} available "
+                             f"({'the file' if demos else 'the step’s other problems'})")
+        rng = np.random.default_rng([seed, x.step, g])
+        picks = rng.choice(len(cands), n_demo, replace=False)
+        shots = [pool[cands[int(i)]] for i in picks]
+        q = _plain_question(raw)
+        if isinstance(raw, str):
+            out[g] = [icpo_prompt(shots, q)]
+            continue
+        system = [m for m in raw if m.get("role") == "system"]
+        text = icpo_prompt(shots, q, instruction=not system)
+        out[g] = [[*system[:1], {"role": "user", "content": text}]]
+    return out
+
+
+def _plain_question(raw: Any) -> str:
+    """The question without the data's own step-by-step instruction (the code's split)."""
+    return _question(raw).split("Let's think step by step")[0].strip()
+
+
+HINTS.register(Part(
+    "icpo", icpo, paper="Think Outside the Policy: In-Context Steered Policy Optimization (ICPO), arXiv:2510.26519",
+    methods=(22,), verified="hand values; the authors' prompt builder, loss and reward shaping (Celine-hxy/ICPO "
+                            "@287ac48)",
+    tests="tests/training/test_icpo.py, tests/conformance/test_icpo_authors.py",
+    flags=(("levels", True), ("context", "plain"), ("keep_failed", True), ("expert_bonus", True)),
+    note="each group's first row re-sampled by the policy with n_demo solved problems in context (a JSONL pool or the "
+         "step's other problems), trained after the plain question with recipe.loss=icpo (the preset "
+         "recipe.name=icpo); beta > 0: the annealed bonus of a correct guided response; not reproduced: the "
+         "similarity match of demonstrations (random only), more than one guided row per group"))
 
 
 #: Scaf-GRPO's system message of the rebuilt prompt (the authors' ``build_new_message``)

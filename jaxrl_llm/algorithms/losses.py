@@ -27,7 +27,7 @@ import jaxrl_llm.core as core
 from jaxrl_llm.algorithms.registry import Part, new_registry
 
 __all__ = ["SURROGATES", "AGGREGATIONS", "KL_ESTIMATORS", "KL_CONTROLLERS", "IS_CORRECTIONS", "REJECTIONS",
-           "LOSS_INPUT_SHAPES", "reinforce_surrogate", "epo_surrogate"]
+           "LOSS_INPUT_SHAPES", "reinforce_surrogate", "epo_surrogate", "icpo_surrogate"]
 
 SURROGATES = new_registry("policy loss", "recipe.loss",
                           "fn(logp, old_logp, advantages, mask, *, is_weights=None, [inputs in requires], **params) -> "
@@ -72,6 +72,16 @@ def _aligndistil(logp, old_logp, advantages, mask, *, teacher_logp, teacher_weig
     del beta2
     return core.aligndistil_loss(logp, old_logp, advantages, mask, teacher_logp=teacher_logp,
                                  teacher_weight=teacher_weight, beta=beta, is_weights=is_weights)
+
+
+def icpo_surrogate(logp, old_logp, advantages, mask, hinted, *, gamma: float = 0.1, clip_low: float = 0.2,
+                   clip_high: float | None = None, dual_clip: float | None = 3.0, is_weights=None):
+    """ICPO's loss (the authors' ``compute_icpo_policy_loss``): PPO's clip with verl's dual clip
+    (3.0) on the policy's own rows, ``-A p / (p + gamma)`` on the demonstration-guided rows
+    (``hinted``, trained after the plain question): :func:`jaxrl_llm.core.critique_grpo_loss`
+    with ``clip=True``."""
+    return core.critique_grpo_loss(logp, old_logp, advantages, mask, hinted, gamma=gamma, clip=True, clip_low=clip_low,
+                                   clip_high=clip_high, dual_clip=dual_clip, is_weights=is_weights)
 
 
 def epo_surrogate(logp, old_logp, advantages, mask, *, entropy, old_entropy, epo_entropy_ref, epo_phase_weight,
@@ -120,6 +130,14 @@ for _part in (
          note="with recipe.hints=critique_grpo: -A rho (unclipped, the scripts' loss_remove_clip) on the own rows, "
               "-A p / (p + 0.1) on the refinement row of each group (sampled after the critique, trained after the "
               "question)"),
+    Part("icpo", icpo_surrogate,
+         paper="Think Outside the Policy: In-Context Steered Policy Optimization (ICPO), arXiv:2510.26519",
+         core=("critique_grpo_loss",), requires=frozenset({"hinted"}), methods=(22,),
+         verified="hand values, identity (no guided rows: PPO clip with the dual clip); a transcription of the "
+                  "authors' code (Celine-hxy/ICPO @287ac48)",
+         tests="tests/core/test_policy_losses.py, tests/conformance/test_icpo_authors.py",
+         note="with recipe.hints=icpo: PPO clip 0.2 and dual clip 3 on the own rows, -A p / (p + 0.1) on the rows "
+              "sampled with demonstrations in context and trained after the plain question"),
     Part("papo", core.papo_loss, paper="Perception-Aware Policy Optimization for Multimodal Reasoning (PAPO; Wang "
                                        "et al.), arXiv:2507.06448",
          core=("papo_loss",), requires=frozenset({"masked_logp"}), methods=(8,),

@@ -888,7 +888,8 @@ def masked_row_quantile(values, mask, q: float):
 
 
 def critique_grpo_loss(logp, old_logp, advantages, mask, hinted, *, gamma: float = 0.1, clip: bool = False,
-                       clip_low: float = 0.2, clip_high: float | None = None, is_weights=None):
+                       clip_low: float = 0.2, clip_high: float | None = None, dual_clip: float | None = None,
+                       is_weights=None):
     """Critique-GRPO's loss: the policy's own responses by the importance ratio, a refinement
     (a response sampled after a critique, trained after the original question) by its shaped
     probability.
@@ -906,7 +907,8 @@ def critique_grpo_loss(logp, old_logp, advantages, mask, hinted, *, gamma: float
     ``off_policy_reshape="p_div_p_0.1"`` and, in its scripts, ``loss_remove_clip=True``, hence
     ``clip=False`` by default; the scripts' aggregation, a sum over tokens divided by the maximum
     response length, is ``recipe.agg``'s choice here). Identity: without refinement rows and
-    with ``clip`` this is PPO's clip without a dual clip.
+    with ``clip`` this is PPO's clip (with ``dual_clip`` on the own rows, the dual clip: ICPO's
+    loss, ``recipe.loss=icpo``).
 
     Args:
       logp, old_logp, advantages, mask: ``[B, T]``. hinted: ``[B]`` (1: a refinement row).
@@ -924,10 +926,15 @@ def critique_grpo_loss(logp, old_logp, advantages, mask, hinted, *, gamma: float
     h = sg(_checks.as_float(hinted))[:, None] > 0
     ratio = jnp.exp(jnp.clip(lp - olp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     on = -adv * ratio
+    if dual_clip is not None and not (clip and float(dual_clip) > 1.0):
+        raise ValueError(f"argument 'dual_clip' needs clip=True and a value > 1, got clip={clip!r}, "
+                         f"dual_clip={dual_clip!r}")
     if clip:
         clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
         clip_frac = masked_mean((clipped > on).astype(ratio.dtype), m * (~h))
         on = jnp.maximum(on, clipped)
+        if dual_clip is not None:  # a negative advantage's loss capped at -A c
+            on = jnp.where(adv < 0, jnp.minimum(on, -adv * dual_clip), on)
     else:
         clip_frac = jnp.zeros((), ratio.dtype)
     p = jnp.exp(lp)

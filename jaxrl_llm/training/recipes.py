@@ -367,6 +367,16 @@ PRESETS: dict[str, Preset] = {
                             "the critique reads the ground truth from data column recipe.hints.column (default "
                             "'answer'); the scripts' sum over the batch's tokens / the maximum length is Dr.GRPO's "
                             "aggregation here (a constant factor apart); the trainer needs a prompt encoder"),
+    # ICPO's scripts: GRPO, each group's first row re-sampled with one demonstration in context and
+    # trained after the plain question (p / (p + 0.1)), PPO clip with the dual clip, KL 0.001 in the loss
+    "icpo": Preset(_spec("icpo", "grpo", Choice("icpo"), "token-mean", hints=Choice("icpo"),
+                         kl=KLSpec(coef=0.001, estimator="low_var_kl", placement="loss", controller=Choice("fixed"),
+                                   bias_correction="none")), 8,
+                   "Think Outside the Policy: In-Context Steered Policy Optimization (ICPO), arXiv:2510.26519",
+                   "demonstrations from recipe.hints.demos (a JSONL of solved problems) or the step's other problems' "
+                   "data column recipe.hints.column (default 'solution'); recipe.hints.beta=1 is the -rs scripts' "
+                   "expert bonus; the trainer needs a prompt encoder and a reference model (the KL)",
+                   tests="tests/training/test_icpo.py"),
     # ROVER's Math runs: GRPO's advantage, the ROVER regression (rho 1, next-value scale 1, no clip), token-mean
     "rover": Preset(_spec("rover", "grpo", Choice("rover"), "token-mean", old_logp="recompute"), 8,
                     "Random Policy Valuation is Enough for LLM Reasoning with Verifiable Rewards (ROVER; He et al.), "

@@ -541,3 +541,19 @@ def test_rover_clip_replaces_q_beyond_the_bound_towards_the_target():
         P.rover_loss(lp, old, adv, m, mean_logp=z, old_mean_logp=z, rho=0.0)
     with pytest.raises(ValueError, match="clip_ratio"):
         P.rover_loss(lp, old, adv, m, mean_logp=z, old_mean_logp=z, clip_ratio=1.5)
+
+
+def test_critique_grpo_dual_clip_caps_a_negative_advantage_on_own_rows_only():
+    lp = np.log(np.array([[5.0, 0.5], [5.0, 0.5]], np.float32))  # ratios 5 and 0.5 against old = 1
+    old = np.zeros((2, 2), np.float32)
+    adv = np.full((2, 2), -1.0, np.float32)
+    m = np.ones((2, 2), bool)
+    hinted = np.array([0.0, 1.0], np.float32)
+    per, _ = P.critique_grpo_loss(lp, old, adv, m, hinted, clip=True, dual_clip=3.0)
+    # own row: max(-A r, -A clip(r)) = 5 and 0.8, then min with -A c = 3 -> 3 and 0.8
+    np.testing.assert_allclose(per[0], [3.0, 0.8], rtol=1e-6)
+    # the guided row: -A p / (p + 0.1) with p = exp(logp), no clip of any kind
+    p = np.array([5.0, 0.5])
+    np.testing.assert_allclose(per[1], p / (p + 0.1), rtol=1e-6)
+    with pytest.raises(ValueError, match="dual_clip"):
+        P.critique_grpo_loss(lp, old, adv, m, hinted, clip=False, dual_clip=3.0)

@@ -26,7 +26,7 @@ REQUIRED = {("recipe.advantage", "stratified"): {"alpha": 0.5}, ("recipe.advanta
             ("recipe.loss", "etr"): {"alpha": 0.5, "beta": 1.0}, ("recipe.loss", "r2vpo"): {"delta": 0.01},
             ("recipe.selector", "sec"): {"column": "const"},
             ("recipe.hints", "guide"): {"column": "solution", "replace": False},
-            ("recipe.hints", "critique_grpo"): {"column": "solution"},
+            ("recipe.hints", "critique_grpo"): {"column": "solution"}, ("recipe.hints", "icpo"): {"beta": 1.0},
             ("recipe.loop_part", "inspo"): {"instructions": ["1 1", "2 2"], "prune_every": 1, "min_uses": 1},
             ("recipe.loop_part", "bupo"): {"layer": 1, "steps": 1},
             ("recipe.hints", "scaf_grpo"): {"warmup_steps": 0},
@@ -107,13 +107,13 @@ def _rl(r):
         kw["g"] = 2
     if field == "replay" or (field == "loop_part" and r["name"] == "aepo"):
         kw["old_logp"] = "recompute"
-    if field == "hints" or (field == "loss" and r["name"] in ("guide", "critique_grpo")):
+    if field == "hints" or (field == "loss" and r["name"] in ("guide", "critique_grpo", "icpo")):
         from test_hints import HintData, encode
 
         kw.update(data=HintData(4), encoder=encode, buckets=(16,))
         if field == "loss":  # the loss reads the rows its hint part re-sampled
             kw["hints"] = {"name": r["name"], **REQUIRED[("recipe.hints", r["name"])]}
-        if r["name"] == "critique_grpo":  # refinement requests as token ids (digits of the critique's text)
+        if r["name"] in ("critique_grpo", "icpo"):  # rebuilt prompts as token ids (the digits of their text)
             from test_hints import encode_ints
 
             kw["encoder"] = lambda raw: (encode_ints(raw)[0][:14], raw)

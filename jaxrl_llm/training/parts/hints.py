@@ -31,7 +31,7 @@ class Hints(LoopPart):
     conflicts = (Clash("episodes", "hints re-sample single-turn prompts; the agent loop does not run them"),)
 
     def attach(self, ctx) -> None:
-        if self.bound.part.flag("keep_failed"):  # a refinement prompt holds a whole response
+        if self.bound.part.flag("keep_failed") and self.bound.part.flag("needs_text"):  # a refinement holds a response
             need = ctx.sampler.config.max_new_tokens
             if max(ctx.sampler.length_buckets) <= need:
                 from jaxrl_llm.config import ConfigError
@@ -140,15 +140,24 @@ class Hints(LoopPart):
         if self.bound.part.flag("keep_failed"):
             best = {**first, **best}
         marked = set()
+        bonus = self._expert_bonus(ctx)
+        paid = 0
         for grp, (lv, sub, sub_out, j) in best.items():
             one = take_rollout_rows(sub, [j])
             dst = np.flatnonzero(pidx == grp)[:1]
             marked.update(int(r) for r in dst)
+            total = np.asarray(sub_out.total, np.float32)[[j]]
+            if bonus and metric_values(sub_out.total, sub_out.per_fn, self.metric, "recipe.hints")[j] > 0:
+                total = total + np.float32(bonus)  # ICPO: a correct guided response's annealed bonus
+                paid += 1
             roll, out = put_result(roll, out, dst, one,
-                                   RewardOutput(np.asarray(sub_out.total)[[j]],
+                                   RewardOutput(total,
                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.per_fn.items()},
                                                 {k: np.asarray(v)[[j]] for k, v in sub_out.failed.items()},
                                                 sub_out.metrics))
+        if self.bound.part.flag("expert_bonus"):
+            self._metrics["hints/expert_bonus"] = float(bonus)
+            self._add("hints/expert_bonus_rows", paid)
         self._add("hints/groups", len(asked))
         self._add("hints/levels_sampled", len(items))
         self._add("hints/too_long", too_long)
@@ -156,6 +165,15 @@ class Hints(LoopPart):
             self._marked[rnd.index] = marked
         if roll is not rnd.roll:
             rnd.train_roll, rnd.train_out = roll, out
+
+    def _expert_bonus(self, ctx) -> float:
+        """A part flagged ``expert_bonus`` (ICPO): ``beta max(0, 1 - step / anneal_steps)`` added to
+        the score of a replaced row whose outcome is ``> 0``; 0 otherwise."""
+        if not self.bound.part.flag("expert_bonus"):
+            return 0.0
+        kw = dict(self.bound.kwargs)
+        beta, steps = float(kw.get("beta", 0.0)), kw.get("anneal_steps", 400)
+        return beta * max(0.0, 1.0 - ctx.iteration / steps) if beta else 0.0
 
     def assemble(self, ctx, step):
         """The rows a plain-context part re-sampled (Guide's ``hinted`` loss input)."""
