@@ -305,7 +305,11 @@ def _demo_pool(path: str, question_field: str, solution_field: str) -> list[tupl
         import json
 
         pool = []
-        with open(path, encoding="utf-8") as f:
+        try:
+            f = open(path, encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"recipe.hints.demos: cannot read {path} ({e.strerror})") from None
+        with f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -344,10 +348,21 @@ def icpo(x: HintInputs, *, demos: str | None = None, column: str = "solution", n
     is not in the released code (its ``-rs`` scripts differ from the plain ones by the bonus only)
     and is not reproduced.
 
-    Prompts: a text prompt becomes the n-shot text; a chat prompt keeps its system message and
-    gets the n-shot text as its user message (the code applies no chat template to a prompt
-    without a system message, and for one with a system message drops the instruction after each
-    question); the code's doubled braces in the main question's ``\\boxed{{}}`` are single here."""
+    Prompts: a text prompt becomes the n-shot text. A chat prompt keeps its (first) system message
+    and gets the n-shot text as its one user message, which the run's encoder then renders with
+    the chat template; this differs from the code, which feeds the n-shot text of a prompt without
+    a system message as raw text with no template, and for one with a system message builds the
+    text without the instruction after each question (as here) but inserts it before the marker
+    "User: This is the problem:" when the template has one (not reproduced). The data's own
+    "Let's think step by step..." is cut from the question, as the code does for prompts without a
+    system message. The code's doubled braces in the main question's ``\\boxed{{}}`` are single here.
+
+    ``seed`` is the part's own (independent of the run's seed). ``metric``: the reward function
+    whose outcome counts as correct for the bonus (default: the reward total ``> 0``; with format
+    rewards in the total, name the accuracy reward). Cost: each guided prompt is sampled in the
+    round's shape (``num_samples`` responses, one kept), so a step samples about twice the
+    authors' rollouts; a guided prompt longer than the largest prompt bucket is not asked
+    (``hints/too_long``), and a step where none fits is an error."""
     if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta >= 0):
         raise ValueError(f"recipe.hints.beta must be a number >= 0, got {beta!r}")
     if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 1:
@@ -355,6 +370,8 @@ def icpo(x: HintInputs, *, demos: str | None = None, column: str = "solution", n
     del metric  # read by the loop, like beta and anneal_steps
     if isinstance(n_demo, bool) or not isinstance(n_demo, int) or n_demo < 1:
         raise ValueError(f"recipe.hints.n_demo must be an int >= 1, got {n_demo!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"recipe.hints.seed must be an int >= 0, got {seed!r}")
     if x.stage > 0:
         return {}
     if demos is not None:
@@ -369,7 +386,7 @@ def icpo(x: HintInputs, *, demos: str | None = None, column: str = "solution", n
         cands = [i for i in range(len(pool)) if i != own[g]]
         if len(cands) < n_demo:
             raise ValueError(f"recipe.hints=icpo: {n_demo} demonstrations asked, {len(cands)} available "
-                             f"({'the file' if demos else 'the step’s other problems'})")
+                             f"({'the file' if demos else 'the step' + chr(39) + 's other problems'})")
         rng = np.random.default_rng([seed, x.step, g])
         picks = rng.choice(len(cands), n_demo, replace=False)
         shots = [pool[cands[int(i)]] for i in picks]

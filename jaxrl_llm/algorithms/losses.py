@@ -127,6 +127,7 @@ for _part in (
          verified="hand values, identity (no refinement rows, clip: PPO clip); a transcription of the authors' code "
                   "(zhangxy-2019/critique-GRPO @e8f03a2)",
          tests="tests/core/test_policy_losses.py, tests/conformance/test_critique_grpo.py",
+         flags=(("hinted_old_logp", False),),
          note="with recipe.hints=critique_grpo: -A rho (unclipped, the scripts' loss_remove_clip) on the own rows, "
               "-A p / (p + 0.1) on the refinement row of each group (sampled after the critique, trained after the "
               "question)"),
@@ -136,6 +137,7 @@ for _part in (
          verified="hand values, identity (no guided rows: PPO clip with the dual clip); a transcription of the "
                   "authors' code (Celine-hxy/ICPO @287ac48)",
          tests="tests/core/test_policy_losses.py, tests/conformance/test_icpo_authors.py",
+         flags=(("hinted_old_logp", False),),
          note="with recipe.hints=icpo: PPO clip 0.2 and dual clip 3 on the own rows, -A p / (p + 0.1) on the rows "
               "sampled with demonstrations in context and trained after the plain question"),
     Part("papo", core.papo_loss, paper="Perception-Aware Policy Optimization for Multimodal Reasoning (PAPO; Wang "

@@ -912,6 +912,8 @@ def critique_grpo_loss(logp, old_logp, advantages, mask, hinted, *, gamma: float
 
     Args:
       logp, old_logp, advantages, mask: ``[B, T]``. hinted: ``[B]`` (1: a refinement row).
+      dual_clip: with ``clip``, verl's dual clip ``c`` of the own rows (a negative advantage's loss
+        at most ``-A c``); None: none.
 
     Returns:
       ``(loss [B, T], metrics)``: ratio metrics, ``clip_frac``, ``critique_refined_prob`` (mean

@@ -371,11 +371,13 @@ PRESETS: dict[str, Preset] = {
     # trained after the plain question (p / (p + 0.1)), PPO clip with the dual clip, KL 0.001 in the loss
     "icpo": Preset(_spec("icpo", "grpo", Choice("icpo"), "token-mean", hints=Choice("icpo"),
                          kl=KLSpec(coef=0.001, estimator="low_var_kl", placement="loss", controller=Choice("fixed"),
-                                   bias_correction="none")), 8,
+                                   bias_correction="none"), num_minibatches=2, old_logp="recompute"), 8,
                    "Think Outside the Policy: In-Context Steered Policy Optimization (ICPO), arXiv:2510.26519",
                    "demonstrations from recipe.hints.demos (a JSONL of solved problems) or the step's other problems' "
-                   "data column recipe.hints.column (default 'solution'); recipe.hints.beta=1 is the -rs scripts' "
-                   "expert bonus; the trainer needs a prompt encoder and a reference model (the KL)",
+                   "data column recipe.hints.column (default 'solution'); the n-shot prompts must fit the largest "
+                   "prompt bucket (rollout.prompt_buckets); recipe.hints.beta=1 is the -rs scripts' expert bonus; "
+                   "two mini-batches per step and recomputed old log-probs as the scripts; the trainer needs a "
+                   "prompt encoder and a reference model (the KL)",
                    tests="tests/training/test_icpo.py"),
     # ROVER's Math runs: GRPO's advantage, the ROVER regression (rho 1, next-value scale 1, no clip), token-mean
     "rover": Preset(_spec("rover", "grpo", Choice("rover"), "token-mean", old_logp="recompute"), 8,
@@ -560,7 +562,8 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
     _need(hints is None or (replay is None and allocator is None),
           f"recipe.hints={hints.name if hints else ''} re-samples whole groups of num_samples rows; it cannot be "
           f"combined with recipe.replay or recipe.allocator")
-    _need(not trains_in_plain_context(hints) or s.old_logp != "recompute",
+    _need(not trains_in_plain_context(hints) or s.old_logp != "recompute"
+          or not loss.part.flag("hinted_old_logp", True),
           f"recipe.hints={hints.name if hints else ''} trains responses sampled with a hint after the plain prompt, "
           f"against the sampler's log-probs in the hinted context (the importance ratio between the contexts): "
           f"recipe.old_logp=recompute would replace them with the plain context's (leave recipe.old_logp unset)")
@@ -575,6 +578,9 @@ def build_recipe(spec: RecipeSpec, *, num_samples: int, temperature: float = 1.0
           f"recipe.loss={loss.name} reshapes the ratio of rows sampled with a hint and trained after the plain "
           f"prompt: set recipe.hints to a part that does that "
           f"({', '.join(n for n, p in HINTS.items() if p.flag('context') == 'plain')})")
+    _need(is_w is None or "hinted" not in loss.part.requires,
+          f"recipe.loss={loss.name} trains rows sampled in another context (the hinted rows), whose sampler log-probs "
+          f"are not this context's: recipe.is_weights would weigh them by that difference (leave it unset)")
     _need(replay is None or s.old_logp == "recompute",
           f"recipe.replay={replay.name if replay else ''} trains on stored responses of earlier policies: set "
           f"recipe.old_logp=recompute (the ratio's old policy is then the current one for every row; the stored "

@@ -46,14 +46,18 @@ def test_loss_equals_the_code():
     b, t = 8, 7
     mask = np.arange(t)[None] < rng.integers(1, t + 1, b)[:, None]
     lp = np.log(rng.uniform(0.02, 0.98, (b, t)))
-    old = lp + rng.normal(0, 0.8, (b, t))  # ratios far outside the clip range: both clips act
-    adv = np.repeat(rng.normal(0, 1.5, (b, 1)), t, 1)
-    hinted = (rng.uniform(size=b) < 0.4).astype(np.int64)
+    old = lp + rng.normal(0, 2.0, (b, t))  # ratios far outside the clip range: both clips act
+    adv = np.repeat(np.abs(rng.normal(0, 1.5, (b, 1))) * np.array([[1.0], [-1.0]] * (b // 2)), t, 1)
+    hinted = np.array([1, 0, 0, 0] * (b // 4), np.int64)  # own rows with negative advantages: rows 1, 3, 5, 7
     want = their_loss(torch.tensor(old), torch.tensor(lp), torch.tensor(adv), torch.tensor(mask, dtype=torch.float64),
                       hinted).item()
     f32 = np.float32
     per, _ = icpo_surrogate(lp.astype(f32), old.astype(f32), adv.astype(f32), mask, hinted.astype(f32))
     np.testing.assert_allclose(float(np.sum(per) / mask.sum()), want, rtol=2e-5)
+    # the dual clip acts on these inputs (the comparison would fail without it)
+    no_dual, _ = icpo_surrogate(lp.astype(f32), old.astype(f32), adv.astype(f32), mask, hinted.astype(f32),
+                                dual_clip=None)
+    assert abs(float(np.sum(no_dual) - np.sum(per))) > 1e-3
     assert recipe("icpo", num_samples=4).objective.policy_loss is icpo_surrogate
 
 

@@ -90,3 +90,35 @@ def test_in_the_loop_the_first_row_is_guided_marked_and_paid(beta):
     assert np.isfinite(m["loss"])
     m2 = tr.step()  # the bonus anneals: 1 - 1/4
     assert m2["hints/expert_bonus"] == pytest.approx(0.75 * beta)
+
+
+def test_no_bonus_for_a_wrong_guided_response_and_guided_prompts_must_fit():
+    from jaxrl_llm.config import ConfigError
+
+    def nothing_right(prompts, completions, **_):
+        return [0.0] * len(prompts)
+
+    tr = make("icpo", g=4, prompts_per_step=2, reward=nothing_right, encoder=_enc, buckets=(16,), data=HintData(),
+              ref=True, hints={"name": "icpo", "beta": 1.0})
+    m = tr.step()
+    assert m["hints/expert_bonus_rows"] == 0 and not tr.last_batch["scores"].any()
+    assert tr.last_batch["hinted"].tolist() == [1, 0, 0, 0, 1, 0, 0, 0]  # guided rows stay, unpaid
+    # n-shot prompts longer than every bucket: an error, not a run without guidance
+    tr = make("icpo", g=4, prompts_per_step=2, reward=nothing_right, encoder=lambda raw: _enc(raw)[0] and (
+        [1] * 40, raw if isinstance(raw, str) else raw[-1]["content"]) if "Question:" in str(raw) else encode(raw),
+              buckets=(16,), data=HintData(), ref=True, hints={"name": "icpo"})
+    with pytest.raises(ConfigError, match="none of the step's 2 guided prompts fits"):
+        tr.step()
+
+
+def test_recompute_is_allowed_for_losses_that_do_not_read_the_hinted_old_log_probs():
+    from jaxrl_llm.algorithms import RegistryError
+    from jaxrl_llm.training import recipe
+
+    assert recipe("icpo", num_samples=4).recompute_old_logp
+    assert recipe("critique_grpo", num_samples=4, old_logp="recompute").recompute_old_logp
+    with pytest.raises(RegistryError, match="recipe.old_logp=recompute would replace them"):
+        recipe("grpo", num_samples=4, hints={"name": "guide", "column": "solution"}, loss="guide",
+               old_logp="recompute")
+    with pytest.raises(RegistryError, match="recipe.is_weights would weigh them"):
+        recipe("icpo", num_samples=4, is_weights="tis")

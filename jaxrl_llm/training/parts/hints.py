@@ -122,6 +122,12 @@ class Hints(LoopPart):
                     too_long += 1
                     continue
                 items.append((int(grp), lv, enc))
+        if asked and not items and self.bound.part.flag("expert_bonus"):
+            from jaxrl_llm.config import ConfigError
+
+            raise ConfigError(f"recipe.hints={self.name}: none of the step's {len(asked)} guided prompts fits the largest "
+                              f"prompt bucket (rollout.prompt_buckets, {max(ctx.sampler.length_buckets)} tokens): the "
+                              f"run would train without guidance; raise the bucket or lower recipe.hints.n_demo")
         best: dict[int, tuple[int, Any, Any, int]] = {}  # group -> (level, sub rollout, sub rewards, row)
         first: dict[int, tuple[int, Any, Any, int]] = {}  # group -> its first level's, kept when none succeeds
         for c0 in range(0, len(items), len(batch)):
