@@ -88,6 +88,16 @@ def encode(raw):
     return [int(t) for t in raw.split()], raw
 
 
+def assert_first_rows_trained_after_the_question(tr, b):
+    """Each group's first row (a response sampled with a rebuilt prompt) is trained after the
+    plain question of its HintData row."""
+    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
+    for gi, key in enumerate(tr._last_keys):
+        row = np.flatnonzero(b["group_ids"] == gi)[0]
+        q = HintData().rows[int(key.split(":")[1])][0]
+        assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode(q)[0]
+
+
 def first_is_target(prompts, completions, completion_ids, **_):
     """1 when the first completion token is TARGET (rare for the random model: groups fail)."""
     return [float(len(ids) > 0 and ids[0] == TARGET) for ids in completion_ids]
@@ -306,12 +316,7 @@ def test_critique_grpo_in_the_loop_puts_one_refinement_per_group_and_marks_it():
     for gi in range(2):
         rows = np.flatnonzero(b["group_ids"] == gi)
         np.testing.assert_array_equal(b["scores"][rows], [1, 0, 0, 0])
-    # the refinement row is trained after the original question
-    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
-    for gi, key in enumerate(tr._last_keys):
-        row = np.flatnonzero(b["group_ids"] == gi)[0]
-        q = HintData().rows[int(key.split(":")[1])][0]
-        assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode(q)[0]
+    assert_first_rows_trained_after_the_question(tr, b)  # the refinement row
     assert np.isfinite(m["loss"])
     # no success among the refinements: the first refinement still takes the first row (keep_failed)
     tr0 = make("critique_grpo", **{**kw, "reward": lambda prompts, completions, **_: [0.0] * len(prompts)},

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_llm.algorithms import HINTS, HintInputs
 from jaxrl_llm.algorithms.hints import ICPO_INSTRUCTION, icpo_prompt
-from test_hints import HintData, encode
+from test_hints import HintData, assert_first_rows_trained_after_the_question, encode
 from test_rl_recipes_extra import make
 
 icpo = HINTS["icpo"].fn
@@ -81,12 +81,7 @@ def test_in_the_loop_the_first_row_is_guided_marked_and_paid(beta):
     for gi in range(2):  # iteration 0: the whole bonus
         np.testing.assert_allclose(b["scores"][np.flatnonzero(b["group_ids"] == gi)], [1 + beta, 0, 0, 0])
     assert m["hints/expert_bonus"] == beta and m["hints/expert_bonus_rows"] == (2 if beta else 0)
-    # trained after the plain question
-    p = b["tokens"].shape[1] - b["completion_mask"].shape[1]
-    for gi, key in enumerate(tr._last_keys):
-        row = np.flatnonzero(b["group_ids"] == gi)[0]
-        q = HintData().rows[int(key.split(":")[1])][0]
-        assert b["tokens"][row, :p][b["mask"][row, :p]].tolist() == encode(q)[0]
+    assert_first_rows_trained_after_the_question(tr, b)
     assert np.isfinite(m["loss"])
     m2 = tr.step()  # the bonus anneals: 1 - 1/4
     assert m2["hints/expert_bonus"] == pytest.approx(0.75 * beta)
