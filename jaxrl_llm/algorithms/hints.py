@@ -248,7 +248,7 @@ def critique_grpo(x: HintInputs, *, critique: str = "simple_gt", column: str = "
     API judge and is not reproduced. Cost: each refinement is sampled in the round's sampler shape
     (prompts x ``num_samples``, one row kept per prompt), so a step samples ``num_samples`` times
     the authors' one refinement per response; a refinement prompt longer than the largest prompt
-    bucket is not asked (counted in ``hints/too_long``)."""
+    bucket is not asked (counted in ``hints/too_long``), and a step where none fits is an error."""
     del metric  # read by the loop
     if critique not in ("simple", "simple_gt"):
         raise ValueError(f"recipe.hints=critique_grpo: critique must be 'simple' or 'simple_gt', got {critique!r}")

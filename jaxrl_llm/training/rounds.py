@@ -16,8 +16,8 @@ from jaxrl_llm.data.pipeline import PromptBatch
 from jaxrl_llm.rewards.base import RewardOutput
 from jaxrl_llm.rollout.sampler import Rollout
 
-__all__ = ["Round", "merge_reward_metrics", "completion_ids", "decode_completions", "take_rollout_rows", "put_result", "subset", "concat", "drop_unsampled",
-           "last_scores"]
+__all__ = ["Round", "merge_reward_metrics", "completion_ids", "decode_completions", "take_rollout_rows", "put_result",
+           "subset", "concat", "drop_unsampled", "last_scores"]
 
 
 @dataclasses.dataclass

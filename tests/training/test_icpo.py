@@ -102,7 +102,7 @@ def test_no_bonus_for_a_wrong_guided_response_and_guided_prompts_must_fit():
     tr = make("icpo", g=4, prompts_per_step=2, reward=nothing_right, encoder=lambda raw: _enc(raw)[0] and (
         [1] * 40, raw if isinstance(raw, str) else raw[-1]["content"]) if "Question:" in str(raw) else encode(raw),
               buckets=(16,), data=HintData(), ref=True, hints={"name": "icpo"})
-    with pytest.raises(ConfigError, match="none of the step's 2 guided prompts fits"):
+    with pytest.raises(ConfigError, match="none of the step's 2 rebuilt prompts fits"):
         tr.step()
 
 

@@ -122,12 +122,12 @@ class Hints(LoopPart):
                     too_long += 1
                     continue
                 items.append((int(grp), lv, enc))
-        if asked and not items and self.bound.part.flag("expert_bonus"):
+        if asked and not items and self.bound.part.flag("keep_failed"):  # a part that replaces a row of every group
             from jaxrl_llm.config import ConfigError
 
-            raise ConfigError(f"recipe.hints={self.name}: none of the step's {len(asked)} guided prompts fits the largest "
-                              f"prompt bucket (rollout.prompt_buckets, {max(ctx.sampler.length_buckets)} tokens): the "
-                              f"run would train without guidance; raise the bucket or lower recipe.hints.n_demo")
+            raise ConfigError(f"recipe.hints={self.name}: none of the step's {len(asked)} rebuilt prompts fits the "
+                              f"largest prompt bucket (rollout.prompt_buckets, {max(ctx.sampler.length_buckets)} "
+                              f"tokens): the run would train without them; raise the bucket or shorten the prompts")
         best: dict[int, tuple[int, Any, Any, int]] = {}  # group -> (level, sub rollout, sub rewards, row)
         first: dict[int, tuple[int, Any, Any, int]] = {}  # group -> its first level's, kept when none succeeds
         for c0 in range(0, len(items), len(batch)):
@@ -177,8 +177,8 @@ class Hints(LoopPart):
         the score of a replaced row whose outcome is ``> 0``; 0 otherwise."""
         if not self.bound.part.flag("expert_bonus"):
             return 0.0
-        kw = dict(self.bound.kwargs)
-        beta, steps = float(kw.get("beta", 0.0)), kw.get("anneal_steps", 400)
+        kw = {**_defaults(self.bound.part.fn), **dict(self.bound.kwargs)}  # the part's own defaults, not copies
+        beta, steps = float(kw["beta"]), kw["anneal_steps"]
         return beta * max(0.0, 1.0 - ctx.iteration / steps) if beta else 0.0
 
     def assemble(self, ctx, step):
@@ -195,6 +195,13 @@ class Hints(LoopPart):
             valid = step.valid
             step.metrics["hints/hinted_rows_frac"] = float(step.inputs["hinted"][valid].mean()) if valid.any() else 0.0
         return step
+
+
+def _defaults(fn) -> dict:
+    """The keyword defaults of a hint part's function."""
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
 
 
 def _encode_fitting(ctx, raw):
